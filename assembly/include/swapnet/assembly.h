@@ -1,0 +1,142 @@
+// swapnet/assembly.h — the layered skeleton of a TorchScript model (the paper's get_layers),
+// and execution of its layers with parameters bound by reference.
+//
+// A Skeleton is built once per model, generally, for any TorchScript module whose forward is a
+// data-flow graph (see Note [Layered skeleton] in assembly/src/skeleton.cpp):
+//  - every parameter, buffer and tensor attribute becomes a *slot* with a fixed index;
+//    non-tensor attributes become constants;
+//  - the inlined forward graph is cut into *layers*: runs of consecutive nodes holding at most
+//    one node that reads slots (a convolution, a linear, a batch norm, a whole prim::If/Loop that
+//    uses weights), so a layer is the smallest unit a block can be made of;
+//  - each layer is compiled into its own graph whose inputs are the activations crossing into
+//    it and its slots, so running the layers in order is running forward, bit for bit.
+//
+// Slots are plain at::Tensor handles: bind_slot() points one at other memory (a view of a
+// fetched block) without copying, unbind_slot() drops it. Layers read whatever is bound.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swapnet/swapcore.h"
+
+namespace torch {
+namespace jit {
+struct Module;
+}  // namespace jit
+}  // namespace torch
+
+namespace swapnet {
+
+enum class SlotKind { kParameter, kBuffer, kAttribute };
+
+struct SlotInfo {
+  std::string name;            // qualified name in the module, e.g. "layer1.0.conv1.weight"
+  SlotKind kind = SlotKind::kParameter;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  std::int64_t bytes = 0;      // numel * element size
+  int layer = -1;              // owning layer: the first layer that reads it (or, if none does,
+                               // the layer of its closest sibling by name)
+  std::vector<int> used_by;    // every layer that reads it (shared slots: more than one)
+};
+
+struct LayerInfo {
+  int index = 0;
+  std::string name;                 // owning submodule of its weights, e.g. "layer1.0.conv1"
+  std::vector<std::string> ops;     // node kinds in order, e.g. {"aten::_convolution"}
+  std::vector<int> slots;           // slots this layer owns (their bytes are counted here)
+  std::vector<int> used_slots;      // slots it reads (may include slots owned by earlier layers)
+  std::int64_t bytes = 0;           // sum of owned slot bytes
+  std::int64_t tensors = 0;         // number of owned slots (the paper's "depth")
+  // Filled by Skeleton::profile(); zero until then.
+  double flops = 0;                 // from the shapes seen in the example run
+  double time_ms = 0;               // median measured execution time
+  std::int64_t live_bytes = 0;      // activation bytes alive after this layer (crossing to the next)
+  std::int64_t inputs = 0;          // activations crossing into this layer
+};
+
+struct ProfileOptions {
+  int warmup = 1;   // untimed runs before measuring
+  int iters = 3;    // timed runs; per-layer time is their median
+};
+
+// The layered skeleton of one module. Not copyable; movable. Running it is not thread-safe
+// (one inference at a time per Skeleton).
+class SWAPNET_API Skeleton {
+ public:
+  // Loads a TorchScript file and builds its skeleton. Throws Error naming the file and the
+  // problem: missing file, not a TorchScript archive, no forward, unsupported construct.
+  // If `module` is given it receives the loaded module (in eval mode), e.g. to compare with.
+  static Skeleton load(const std::string& path, torch::jit::Module* module = nullptr);
+  // Builds from a loaded module; `origin` names it in messages. Slots initially alias the
+  // module's own tensors.
+  static Skeleton from_module(const torch::jit::Module& module, const std::string& origin);
+
+  Skeleton(Skeleton&&) noexcept;
+  Skeleton& operator=(Skeleton&&) noexcept;
+  ~Skeleton();
+
+  const std::string& origin() const;
+  int num_inputs() const;  // forward's inputs, without self
+  const std::vector<SlotInfo>& slots() const;
+  const std::vector<LayerInfo>& layers() const;
+  std::int64_t total_bytes() const;  // sum of all slot bytes == module parameter + buffer bytes
+  int num_parameters() const;
+  int num_buffers() const;
+
+  // ---- binding by reference ----
+  // Points slot `index` at `tensor` (no copy). Throws if dtype or sizes differ from the slot.
+  void bind_slot(int index, const at::Tensor& tensor);
+  void unbind_slot(int index);  // an undefined tensor; running a layer that reads it throws
+  const at::Tensor& slot(int index) const;
+
+  // ---- execution ----
+  // Layer-by-layer execution state: the activations alive between layers.
+  class Run {
+   public:
+    Run(Run&&) noexcept;
+    Run& operator=(Run&&) noexcept;
+    ~Run();
+    int next_layer() const;        // index of the next layer to run
+    std::int64_t live_bytes() const;  // bytes of distinct tensor storage held in activations
+   private:
+    friend class Skeleton;
+    Run();
+    struct State;
+    std::unique_ptr<State> s_;
+  };
+  Run begin(std::vector<c10::IValue> inputs) const;  // throws if the input count is wrong
+  void run_layer(Run& run) const;                      // runs run.next_layer()
+  void run_layers(Run& run, int end) const;            // runs layers up to (excluding) end
+  c10::IValue finish(Run& run) const;                   // after the last layer: forward's output
+  c10::IValue forward(std::vector<c10::IValue> inputs) const;  // all of the above
+
+  // Runs the example inputs through the layers (warmup + iters times) and fills each layer's
+  // flops, time_ms, live_bytes. Returns forward's output of the last run.
+  c10::IValue profile(const std::vector<c10::IValue>& inputs, const ProfileOptions& options = {});
+
+ private:
+  struct Impl;
+  explicit Skeleton(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- comparing outputs ----
+struct Comparison {
+  bool equal = false;         // same structure, dtypes, shapes and bytes (bit-identical)
+  double max_abs_diff = 0;    // over all tensors; 0 when equal; inf when structures differ
+  std::string difference;     // first difference found, e.g. "output[1]['logits']: shape [2,3] vs [2,4]"
+};
+SWAPNET_API Comparison compare_outputs(const c10::IValue& expected, const c10::IValue& actual);
+
+// Reads a shape like "1,3,224,224"; throws Error naming the text.
+SWAPNET_API std::vector<std::int64_t> parse_shape(const std::string& text);
+
+}  // namespace swapnet

@@ -1,0 +1,741 @@
+// The layered skeleton: splits any TorchScript module into layers whose weights are slots bound
+// by reference, and runs those layers in order with outputs bit-identical to module.forward.
+//
+// Note [Layered skeleton]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// 1. Lift. forward's graph is copied and every call inlined, so the whole model is one graph
+//    whose weights are reached through prim::GetAttr chains from `self`. Each chain that ends in
+//    a tensor (parameter, buffer or tensor attribute) is replaced by a new graph input, one per
+//    slot; chains that end in a non-tensor attribute (self.training, a float scale, a list of
+//    ints) become constants; then constant propagation and dead-code elimination remove what
+//    only applied in training. `self` must have no other use: a module that assigns its own
+//    attributes (prim::SetAttr), writes to a weight in place, or passes a submodule around as a
+//    value is refused, naming the construct.
+// 2. Cut. The top-level nodes, in graph order, are grouped so that each layer holds at most one
+//    node that reads slots, together with the slot-free nodes that follow it (relu, add,
+//    pooling). A prim::If / prim::Loop is one atomic node. Slot-free nodes that only prepare
+//    non-tensor arguments (int lists, sizes) move forward into the layer that consumes them, so
+//    activations, not argument lists, cross layer boundaries. Constants are cloned into every
+//    layer that uses them.
+// 3. Compile. Each layer becomes its own graph: inputs are the activations defined before it
+//    and used in it, then its slots; outputs are the values it defines that later layers (or
+//    the return) use. Running these graphs in order over the same tensor objects performs the
+//    same operator calls, in the same order, on the same inputs as forward: bit-identical.
+//    In-place ops on activations keep their meaning because activations are passed as the
+//    same tensor handles, never copied. An activation is dropped after its last use.
+// 4. Slots are owned by the first layer that reads them (their bytes are counted there); a
+//    slot read by no layer (num_batches_tracked in eval) belongs to the layer of its closest
+//    sibling by qualified name, so every byte of the module is accounted to exactly one layer.
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sys/stat.h>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "flops.h"
+#include "swapnet/assembly.h"
+#include "torch_errors.h"
+
+namespace swapnet {
+
+namespace jit = torch::jit;
+using jit::Node;
+using jit::Value;
+
+namespace {
+
+// A layer compiled to its own graph (step 3 of Note [Layered skeleton]).
+struct CompiledLayer {
+  std::vector<Node*> nodes;       // its nodes in the lifted whole-model graph
+  std::vector<int> in_ids;        // activation ids pushed first, in graph-input order
+  std::vector<bool> in_last_use;  // in_ids[i] is not used after this layer: moved, not copied
+  std::vector<int> out_ids;       // activation ids its outputs are stored to
+  std::shared_ptr<jit::Graph> graph;
+  jit::Code code;
+};
+
+bool contains_tensor(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (t->kind() == c10::TypeKind::NumberType || t->kind() == c10::TypeKind::IntType ||
+      t->kind() == c10::TypeKind::FloatType || t->kind() == c10::TypeKind::BoolType ||
+      t->kind() == c10::TypeKind::StringType || t->kind() == c10::TypeKind::NoneType ||
+      t->kind() == c10::TypeKind::DeviceObjType || t->kind() == c10::TypeKind::ComplexType) {
+    return false;
+  }
+  if (t->kind() == c10::TypeKind::ListType || t->kind() == c10::TypeKind::TupleType ||
+      t->kind() == c10::TypeKind::OptionalType || t->kind() == c10::TypeKind::DictType) {
+    for (const auto& c : t->containedTypes()) {
+      if (contains_tensor(c)) return true;
+    }
+    return false;
+  }
+  return true;  // anything else (objects, Any): assume it may hold tensors
+}
+
+// Visits every node of a block and its nested blocks, in order, including each block's
+// prim::Return node (a value may be used only as a block's output).
+void for_each_node(jit::Block* b, const std::function<void(Node*)>& fn) {
+  for (Node* n : b->nodes()) {
+    fn(n);
+    for (jit::Block* sub : n->blocks()) for_each_node(sub, fn);
+  }
+  fn(b->return_node());
+}
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string common_module_prefix(const std::vector<std::string>& names) {
+  // Longest common prefix of whole dotted components, without the tensor's own name.
+  if (names.empty()) return "";
+  std::vector<std::string> first;
+  {
+    std::string cur;
+    for (char c : names[0]) {
+      if (c == '.') { first.push_back(cur); cur.clear(); } else cur += c;
+    }
+  }
+  size_t keep = first.size();  // components excluding the last (tensor name)
+  for (const auto& n : names) {
+    size_t pos = 0, k = 0;
+    while (k < keep) {
+      const std::string& comp = first[k];
+      if (n.compare(pos, comp.size(), comp) != 0 || pos + comp.size() >= n.size() ||
+          n[pos + comp.size()] != '.') break;
+      pos += comp.size() + 1;
+      ++k;
+    }
+    keep = k;
+  }
+  std::string out;
+  for (size_t k = 0; k < keep; ++k) out += (k ? "." : "") + first[k];
+  return out;
+}
+
+size_t shared_components(const std::string& a, const std::string& b) {
+  size_t n = 0, i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) {
+    if (a[i] == '.') ++n;
+    ++i;
+  }
+  return n;
+}
+
+void storage_bytes(const c10::IValue& v, std::unordered_set<const void*>& seen, std::int64_t& total) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.has_storage()) return;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) total += static_cast<std::int64_t>(t.storage().nbytes());
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) storage_bytes(e, seen, total);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) storage_bytes(e, seen, total);
+  } else if (v.isGenericDict()) {
+    for (const auto& kv : v.toGenericDict()) storage_bytes(kv.value(), seen, total);
+  }
+}
+
+}  // namespace
+
+struct Skeleton::Impl {
+  std::string origin;
+  // Inlined nodes keep call stacks that point into the module's compiled methods (used when an
+  // error is formatted), so the compilation unit must outlive the layer graphs. It holds code,
+  // not weights.
+  std::shared_ptr<jit::CompilationUnit> methods;
+  int num_inputs = 0;
+  std::shared_ptr<jit::Graph> graph;  // lifted: user inputs, then one input per used slot
+  std::unordered_map<Value*, int> slot_of_input;
+  std::vector<Value*> input_of_slot;  // slot -> graph input (nullptr if never read)
+  std::vector<SlotInfo> slots;
+  std::vector<at::Tensor> bound;
+  std::vector<LayerInfo> layers;
+  std::vector<CompiledLayer> compiled;
+  std::vector<Value*> id_value;             // activation id -> value in `graph`
+  std::unordered_map<Value*, int> id_of;
+  std::vector<int> user_input_ids;          // forward input i -> activation id
+  std::vector<int> output_ids;              // graph output i -> id, or -1 for a constant
+  std::vector<c10::IValue> output_consts;
+  std::int64_t total_bytes = 0;
+  int num_parameters = 0, num_buffers = 0;
+
+  void collect_slots(const jit::Module& m);
+  void lift(const jit::Module& m);
+  void cut();
+  void assign_ids();
+  std::shared_ptr<jit::Graph> layer_graph(int k, bool all_values) const;
+  void compile();
+  [[noreturn]] void refuse(const std::string& what) const {
+    throw Error(origin + ": " + what);
+  }
+};
+
+void Skeleton::Impl::collect_slots(const jit::Module& m) {
+  std::unordered_map<const c10::TensorImpl*, int> by_impl;
+  auto add = [&](const std::string& name, const at::Tensor& t, SlotKind kind) {
+    if (!t.defined()) return;
+    if (t.layout() != at::kStrided || t.is_quantized()) {
+      refuse("tensor '" + name + "' is " + (t.is_quantized() ? "quantized" : "not strided (sparse?)") +
+             "; only dense tensors are supported");
+    }
+    if (!by_impl.emplace(t.unsafeGetTensorImpl(), static_cast<int>(slots.size())).second) return;
+    SlotInfo s;
+    s.name = name;
+    s.kind = kind;
+    s.dtype = t.scalar_type();
+    s.sizes = t.sizes().vec();
+    s.strides = t.strides().vec();
+    s.bytes = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
+    total_bytes += s.bytes;
+    if (kind == SlotKind::kParameter) ++num_parameters;
+    if (kind == SlotKind::kBuffer) ++num_buffers;
+    slots.push_back(std::move(s));
+    bound.push_back(t);
+  };
+  for (const auto& p : m.named_parameters(true)) add(p.name, p.value, SlotKind::kParameter);
+  for (const auto& b : m.named_buffers(true)) add(b.name, b.value, SlotKind::kBuffer);
+  for (const auto& a : m.named_attributes(true)) {
+    if (a.value.isTensor()) add(a.name, a.value.toTensor(), SlotKind::kAttribute);
+  }
+}
+
+void Skeleton::Impl::lift(const jit::Module& m) {
+  auto method = m.find_method("forward");
+  if (!method) refuse("the module has no forward method");
+  graph = method->graph()->copy();
+  jit::Inline(*graph);
+  if (graph->inputs().empty()) refuse("forward has no self input");
+  Value* self = graph->inputs()[0];
+  num_inputs = static_cast<int>(graph->inputs().size()) - 1;
+
+  std::unordered_map<const c10::TensorImpl*, int> slot_by_impl;
+  for (size_t i = 0; i < bound.size(); ++i) slot_by_impl[bound[i].unsafeGetTensorImpl()] = static_cast<int>(i);
+  input_of_slot.assign(slots.size(), nullptr);
+
+  std::unordered_map<Value*, c10::IValue> objects{{self, m._ivalue()}};
+  std::unordered_map<Value*, std::string> paths{{self, ""}};
+  std::vector<Node*> getattrs;
+  Node* first = graph->block()->nodes().front();
+  for_each_node(graph->block(), [&](Node* n) {
+    if (n->kind() == c10::prim::SetAttr) {
+      auto it = paths.find(n->input(0));
+      std::string where = it == paths.end() ? "" : it->second;
+      refuse("forward assigns attribute '" + (where.empty() ? "" : where + ".") + n->s(c10::attr::name) +
+             "' (prim::SetAttr): modules that change their own state during inference are not supported");
+    }
+    if (n->kind() != c10::prim::GetAttr) return;
+    auto it = objects.find(n->input(0));
+    if (it == objects.end()) refuse("prim::GetAttr '" + n->s(c10::attr::name) + "' on a value that is not a module");
+    const std::string& name = n->s(c10::attr::name);
+    std::string path = paths[n->input(0)].empty() ? name : paths[n->input(0)] + "." + name;
+    c10::IValue v = it->second.toObject()->getAttr(name);
+    getattrs.push_back(n);
+    if (v.isObject()) {
+      objects[n->output()] = v;
+      paths[n->output()] = path;
+    } else if (v.isTensor() && v.toTensor().defined()) {
+      auto s = slot_by_impl.find(v.toTensor().unsafeGetTensorImpl());
+      if (s == slot_by_impl.end()) refuse("tensor '" + path + "' is not a parameter, buffer or attribute");
+      Value*& in = input_of_slot[s->second];
+      if (in == nullptr) {
+        in = graph->addInput(slots[s->second].name)->setType(n->output()->type());
+        slot_of_input[in] = s->second;
+      }
+      n->output()->replaceAllUsesWith(in);
+    } else if (v.isTensorList() || (v.isList() && contains_tensor(v.type()))) {
+      refuse("attribute '" + path + "' is a list of tensors (" + v.type()->str() + "), which is not supported");
+    } else {
+      jit::WithInsertPoint guard(first);
+      auto c = jit::tryInsertConstant(*graph, v);
+      if (!c) refuse("attribute '" + path + "' of type " + v.type()->str() + " cannot be made a constant");
+      n->output()->replaceAllUsesWith(*c);
+    }
+  });
+  // Module objects may only be used to reach attributes.
+  for (const auto& [value, obj] : objects) {
+    for (const jit::Use& u : value->uses()) {
+      if (u.user->kind() != c10::prim::GetAttr) {
+        std::string p = paths[value].empty() ? "self" : paths[value];
+        refuse("forward uses module '" + p + "' as a value in " + u.user->kind().toQualString() +
+               " (interface calls and modules passed as arguments are not supported)");
+      }
+    }
+  }
+  for (auto it = getattrs.rbegin(); it != getattrs.rend(); ++it) (*it)->destroy();
+  graph->eraseInput(0);
+  jit::ConstantPropagation(graph);
+  jit::EliminateDeadCode(graph);
+  // Weights are read-only: refuse in-place writes to a slot (a module saved in training mode
+  // updating batch-norm statistics, or a forward that scales its own weight).
+  for_each_node(graph->block(), [&](Node* n) {
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    if (schema == nullptr) return;
+    for (size_t i = 0; i < n->inputs().size() && i < schema->arguments().size(); ++i) {
+      const c10::AliasInfo* alias = schema->arguments()[i].alias_info();
+      auto s = slot_of_input.find(n->input(i));
+      if (alias != nullptr && alias->isWrite() && s != slot_of_input.end()) {
+        refuse("forward writes to '" + slots[s->second].name + "' in place (" + n->kind().toQualString() +
+               "); weights must be read-only during inference");
+      }
+    }
+  });
+  // Dead-code elimination may have removed the only reader of a slot (a training-only branch).
+  for (size_t s = 0; s < input_of_slot.size(); ++s) {
+    if (input_of_slot[s] != nullptr && !input_of_slot[s]->hasUses()) {
+      slot_of_input.erase(input_of_slot[s]);
+      input_of_slot[s] = nullptr;
+    }
+  }
+}
+
+void Skeleton::Impl::cut() {
+  Value* unused = nullptr;
+  (void)unused;
+  // Which slots each top-level node reads, nested blocks included.
+  auto slots_read = [&](Node* top) {
+    std::set<int> out;
+    auto visit = [&](Node* n) {
+      for (Value* v : n->inputs()) {
+        auto s = slot_of_input.find(v);
+        if (s != slot_of_input.end()) out.insert(s->second);
+      }
+    };
+    visit(top);
+    for (jit::Block* b : top->blocks()) for_each_node(b, visit);
+    return out;
+  };
+  auto produces_tensor = [](Node* n) {
+    for (Value* o : n->outputs()) {
+      if (contains_tensor(o->type())) return true;
+    }
+    return false;
+  };
+
+  std::vector<std::vector<Node*>> groups(1);
+  std::vector<bool> group_weighted(1, false);
+  for (Node* n : graph->block()->nodes()) {
+    if (n->kind() == c10::prim::Constant) continue;
+    bool weighted = !slots_read(n).empty();
+    if (weighted && group_weighted.back()) {
+      std::vector<Node*>& cur = groups.back();
+      std::vector<Node*> moved;
+      while (!cur.empty() && slots_read(cur.back()).empty() && !produces_tensor(cur.back())) {
+        moved.insert(moved.begin(), cur.back());
+        cur.pop_back();
+      }
+      groups.push_back(std::move(moved));
+      group_weighted.push_back(false);
+    }
+    groups.back().push_back(n);
+    if (weighted) group_weighted.back() = true;
+  }
+  if (groups.back().empty() && groups.size() > 1) groups.pop_back();
+
+  layers.resize(groups.size());
+  compiled.resize(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    LayerInfo& L = layers[k];
+    L.index = static_cast<int>(k);
+    compiled[k].nodes = groups[k];
+    std::set<int> used;
+    for (Node* n : groups[k]) {
+      L.ops.push_back(n->kind().toQualString());
+      for (int s : slots_read(n)) used.insert(s);
+    }
+    L.used_slots.assign(used.begin(), used.end());
+    for (int s : used) {
+      slots[s].used_by.push_back(static_cast<int>(k));
+      if (slots[s].layer < 0) slots[s].layer = static_cast<int>(k);
+    }
+  }
+  // Slots no layer reads belong with their closest sibling by name (Note [Layered skeleton] 4).
+  for (auto& s : slots) {
+    if (s.layer >= 0) continue;
+    size_t best = 0;
+    int best_layer = 0;
+    bool found = false;
+    for (const auto& o : slots) {
+      if (o.used_by.empty()) continue;
+      size_t c = shared_components(s.name, o.name);
+      if (!found || c > best) { best = c; best_layer = o.layer; found = true; }
+    }
+    s.layer = best_layer;
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    LayerInfo& L = layers[slots[i].layer];
+    L.slots.push_back(static_cast<int>(i));
+    L.bytes += slots[i].bytes;
+    L.tensors += 1;
+  }
+  for (auto& L : layers) {
+    std::vector<std::string> names;
+    for (int s : L.slots.empty() ? L.used_slots : L.slots) names.push_back(slots[s].name);
+    std::string prefix = common_module_prefix(names);
+    if (prefix.empty() && !names.empty()) prefix = names.front();
+    if (prefix.empty()) prefix = L.ops.empty() ? "(empty)" : L.ops.front();
+    L.name = prefix;
+  }
+}
+
+void Skeleton::Impl::assign_ids() {
+  // The top-level node that contains `v`'s definition, or nullptr for graph inputs.
+  std::unordered_map<Node*, int> layer_of;
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    for (Node* n : compiled[k].nodes) layer_of[n] = static_cast<int>(k);
+  }
+  auto top_node = [&](Value* v) -> Node* {
+    Node* n = v->node();
+    if (n == graph->param_node()) return nullptr;
+    while (n->owningBlock() != graph->block()) n = n->owningBlock()->owningNode();
+    return n;
+  };
+  auto id = [&](Value* v) {
+    auto [it, inserted] = id_of.emplace(v, static_cast<int>(id_value.size()));
+    if (inserted) id_value.push_back(v);
+    return it->second;
+  };
+  for (int i = 0; i < num_inputs; ++i) user_input_ids.push_back(id(graph->inputs()[i]));
+
+  std::vector<int> last_use;  // by id
+  std::vector<std::vector<int>> outs(compiled.size());
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    std::vector<int>& ins = compiled[k].in_ids;
+    std::unordered_set<Node*> mine(compiled[k].nodes.begin(), compiled[k].nodes.end());
+    auto visit = [&](Node* n) {
+      for (Value* v : n->inputs()) {
+        if (slot_of_input.count(v)) continue;
+        Node* def = top_node(v);
+        if (def != nullptr && (mine.count(def) || def->kind() == c10::prim::Constant)) continue;
+        if (def != nullptr && !layer_of.count(def)) refuse("internal: value %" + v->debugName() + " has no layer");
+        int i = id(v);
+        if (std::find(ins.begin(), ins.end(), i) == ins.end()) ins.push_back(i);
+        if (def != nullptr) {
+          auto& o = outs[layer_of[def]];
+          if (std::find(o.begin(), o.end(), i) == o.end()) o.push_back(i);
+        }
+        if (last_use.size() <= static_cast<size_t>(i)) last_use.resize(i + 1, -1);
+        last_use[i] = std::max(last_use[i], static_cast<int>(k));
+      }
+    };
+    for (Node* n : compiled[k].nodes) {
+      visit(n);
+      for (jit::Block* b : n->blocks()) for_each_node(b, visit);
+    }
+  }
+  const int end = static_cast<int>(compiled.size());
+  for (Value* v : graph->outputs()) {
+    Node* def = top_node(v);
+    if (def != nullptr && def->kind() == c10::prim::Constant) {
+      output_ids.push_back(-1);
+      output_consts.push_back(*jit::toIValue(v));
+      continue;
+    }
+    int i = id(v);
+    output_ids.push_back(i);
+    output_consts.emplace_back();
+    if (def != nullptr) {
+      auto& o = outs[layer_of[def]];
+      if (std::find(o.begin(), o.end(), i) == o.end()) o.push_back(i);
+    }
+    if (last_use.size() <= static_cast<size_t>(i)) last_use.resize(i + 1, -1);
+    last_use[i] = end;
+  }
+  last_use.resize(id_value.size(), -1);
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    compiled[k].out_ids = outs[k];
+    for (int i : compiled[k].in_ids) compiled[k].in_last_use.push_back(last_use[i] == static_cast<int>(k));
+    layers[k].inputs = static_cast<std::int64_t>(compiled[k].in_ids.size());
+  }
+}
+
+std::shared_ptr<jit::Graph> Skeleton::Impl::layer_graph(int k, bool all_values) const {
+  const CompiledLayer& c = compiled[k];
+  auto g = std::make_shared<jit::Graph>();
+  std::unordered_map<Value*, Value*> env;
+  for (int i : c.in_ids) env[id_value[i]] = g->addInput()->copyMetadata(id_value[i]);
+  for (int s : layers[k].used_slots) env[input_of_slot[s]] = g->addInput()->copyMetadata(input_of_slot[s]);
+  std::function<Value*(Value*)> map = [&](Value* v) -> Value* {
+    auto it = env.find(v);
+    if (it != env.end()) return it->second;
+    if (v->node()->kind() == c10::prim::Constant && v->node()->owningBlock() == graph->block()) {
+      Value* cv = g->insertNode(g->createClone(v->node(), map))->output();
+      env[v] = cv;
+      return cv;
+    }
+    refuse("internal: layer " + std::to_string(k) + " reads %" + v->debugName() + " (defined by " +
+           v->node()->kind().toQualString() + ") which it does not receive");
+  };
+  for (Node* n : c.nodes) {
+    Node* copy = g->insertNode(g->createClone(n, map));
+    for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = copy->output(i);
+  }
+  for (int i : c.out_ids) g->registerOutput(env.at(id_value[i]));
+  if (all_values) {
+    // Profiling variant: every node's outputs too, so shapes of all intermediates are seen.
+    std::vector<Value*> extra;
+    for (Node* n : g->nodes()) {
+      if (n->kind() == c10::prim::Constant) continue;
+      for (Value* o : n->outputs()) extra.push_back(o);
+    }
+    for (Value* o : extra) g->registerOutput(o);
+  }
+  return g;
+}
+
+void Skeleton::Impl::compile() {
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    compiled[k].graph = layer_graph(static_cast<int>(k), false);
+    compiled[k].code = jit::Code(compiled[k].graph, "layer_" + std::to_string(k));
+  }
+}
+
+// ---- construction --------------------------------------------------------------------------
+
+Skeleton::Skeleton(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Skeleton::Skeleton(Skeleton&&) noexcept = default;
+Skeleton& Skeleton::operator=(Skeleton&&) noexcept = default;
+Skeleton::~Skeleton() = default;
+
+Skeleton Skeleton::load(const std::string& path, torch::jit::Module* module) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    throw Error(path + ": not a TorchScript module file (torch::jit::load: " + detail::torch_message(e) + ")");
+  }
+  Skeleton sk = from_module(m, path);
+  if (module != nullptr) *module = m;
+  return sk;
+}
+
+Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::string& origin) {
+  auto impl = std::make_unique<Impl>();
+  impl->origin = origin;
+  impl->methods = module._ivalue()->compilation_unit();
+  torch::jit::Module m = module;  // a handle to the same module
+  if (m.is_training()) {
+    log(LogLevel::kWarn, origin + ": module is in training mode; swapnet runs inference in eval mode");
+    m.eval();
+  }
+  try {
+    impl->collect_slots(m);
+    impl->lift(m);
+    impl->cut();
+    impl->assign_ids();
+    impl->compile();
+  } catch (const c10::Error& e) {
+    throw Error(origin + ": cannot build the layered skeleton: " + detail::torch_message(e));
+  }
+  log(LogLevel::kInfo, origin + ": " + std::to_string(impl->layers.size()) + " layers, " +
+                           std::to_string(impl->slots.size()) + " slots, " + format_bytes(impl->total_bytes));
+  return Skeleton(std::move(impl));
+}
+
+const std::string& Skeleton::origin() const { return impl_->origin; }
+int Skeleton::num_inputs() const { return impl_->num_inputs; }
+const std::vector<SlotInfo>& Skeleton::slots() const { return impl_->slots; }
+const std::vector<LayerInfo>& Skeleton::layers() const { return impl_->layers; }
+std::int64_t Skeleton::total_bytes() const { return impl_->total_bytes; }
+int Skeleton::num_parameters() const { return impl_->num_parameters; }
+int Skeleton::num_buffers() const { return impl_->num_buffers; }
+
+// ---- binding ----------------------------------------------------------------------------------
+
+void Skeleton::bind_slot(int index, const at::Tensor& tensor) {
+  if (index < 0 || index >= static_cast<int>(impl_->slots.size())) {
+    throw Error(impl_->origin + ": slot " + std::to_string(index) + " out of range (0.." +
+                std::to_string(impl_->slots.size()) + ")");
+  }
+  const SlotInfo& s = impl_->slots[index];
+  if (!tensor.defined() || tensor.scalar_type() != s.dtype || tensor.sizes() != at::IntArrayRef(s.sizes)) {
+    throw Error(impl_->origin + ": binding slot " + std::to_string(index) + " '" + s.name + "': expected " +
+                c10::toString(s.dtype) + shape_text(s.sizes) + ", got " +
+                (tensor.defined() ? std::string(c10::toString(tensor.scalar_type())) + shape_text(tensor.sizes())
+                                  : std::string("an undefined tensor")));
+  }
+  impl_->bound[index] = tensor;
+}
+
+void Skeleton::unbind_slot(int index) { impl_->bound.at(index) = at::Tensor(); }
+const at::Tensor& Skeleton::slot(int index) const { return impl_->bound.at(index); }
+
+// ---- execution --------------------------------------------------------------------------------
+
+struct Skeleton::Run::State {
+  std::vector<c10::IValue> env;  // activation id -> value (None once dead)
+  int next = 0;
+};
+Skeleton::Run::Run() : s_(std::make_unique<State>()) {}
+Skeleton::Run::Run(Run&&) noexcept = default;
+Skeleton::Run& Skeleton::Run::operator=(Run&&) noexcept = default;
+Skeleton::Run::~Run() = default;
+int Skeleton::Run::next_layer() const { return s_->next; }
+std::int64_t Skeleton::Run::live_bytes() const {
+  std::unordered_set<const void*> seen;
+  std::int64_t total = 0;
+  for (const auto& v : s_->env) storage_bytes(v, seen, total);
+  return total;
+}
+
+Skeleton::Run Skeleton::begin(std::vector<c10::IValue> inputs) const {
+  if (static_cast<int>(inputs.size()) != impl_->num_inputs) {
+    throw Error(impl_->origin + ": forward takes " + std::to_string(impl_->num_inputs) + " input(s), got " +
+                std::to_string(inputs.size()));
+  }
+  Run run;
+  run.s_->env.resize(impl_->id_value.size());
+  for (size_t i = 0; i < inputs.size(); ++i) run.s_->env[impl_->user_input_ids[i]] = std::move(inputs[i]);
+  return run;
+}
+
+void Skeleton::run_layer(Run& run) const {
+  const int k = run.s_->next;
+  if (k >= static_cast<int>(impl_->compiled.size())) {
+    throw Error(impl_->origin + ": all " + std::to_string(impl_->compiled.size()) + " layers already ran");
+  }
+  const CompiledLayer& c = impl_->compiled[k];
+  const LayerInfo& L = impl_->layers[k];
+  auto& env = run.s_->env;
+  jit::Stack stack;
+  stack.reserve(c.in_ids.size() + L.used_slots.size());
+  for (size_t i = 0; i < c.in_ids.size(); ++i) {
+    if (c.in_last_use[i]) stack.push_back(std::move(env[c.in_ids[i]]));
+    else stack.push_back(env[c.in_ids[i]]);
+  }
+  for (int s : L.used_slots) {
+    const at::Tensor& t = impl_->bound[s];
+    if (!t.defined()) {
+      throw Error(impl_->origin + ": layer " + std::to_string(k) + " (" + L.name + ") reads slot " +
+                  std::to_string(s) + " '" + impl_->slots[s].name + "', which is not bound");
+    }
+    stack.emplace_back(t);
+  }
+  try {
+    c10::InferenceMode guard;
+    jit::InterpreterState(c.code).run(stack);
+  } catch (const std::exception& e) {
+    throw Error(impl_->origin + ": layer " + std::to_string(k) + " (" + L.name + ", " + L.ops.front() +
+                ") failed: " + detail::torch_message(e));
+  }
+  for (size_t i = 0; i < c.out_ids.size(); ++i) env[c.out_ids[i]] = std::move(stack[i]);
+  run.s_->next = k + 1;
+}
+
+void Skeleton::run_layers(Run& run, int end) const {
+  while (run.s_->next < end) run_layer(run);
+}
+
+c10::IValue Skeleton::finish(Run& run) const {
+  if (run.s_->next != static_cast<int>(impl_->compiled.size())) {
+    throw Error(impl_->origin + ": finish() after " + std::to_string(run.s_->next) + " of " +
+                std::to_string(impl_->compiled.size()) + " layers");
+  }
+  std::vector<c10::IValue> outs;
+  for (size_t i = 0; i < impl_->output_ids.size(); ++i) {
+    int id = impl_->output_ids[i];
+    outs.push_back(id < 0 ? impl_->output_consts[i] : run.s_->env[id]);
+  }
+  run.s_->env.clear();
+  if (outs.size() == 1) return outs[0];
+  return c10::ivalue::Tuple::create(std::move(outs));
+}
+
+c10::IValue Skeleton::forward(std::vector<c10::IValue> inputs) const {
+  Run run = begin(std::move(inputs));
+  run_layers(run, static_cast<int>(impl_->compiled.size()));
+  return finish(run);
+}
+
+c10::IValue Skeleton::profile(const std::vector<c10::IValue>& inputs, const ProfileOptions& options) {
+  const int n = static_cast<int>(impl_->compiled.size());
+  // One run of the profiling variant of each layer: every intermediate value is an output, so
+  // FLOPs are computed from the shapes actually seen.
+  {
+    Run run = begin(inputs);
+    for (int k = 0; k < n; ++k) {
+      auto g = impl_->layer_graph(k, true);
+      jit::Code code(g, "probe_" + std::to_string(k));
+      const CompiledLayer& c = impl_->compiled[k];
+      jit::Stack stack;
+      for (int i : c.in_ids) stack.push_back(run.s_->env[i]);
+      for (int s : impl_->layers[k].used_slots) stack.emplace_back(impl_->bound[s]);
+      std::unordered_map<Value*, c10::IValue> vals;
+      for (size_t i = 0; i < g->inputs().size(); ++i) vals[g->inputs()[i]] = stack[i];
+      try {
+        c10::InferenceMode guard;
+        jit::InterpreterState(code).run(stack);
+      } catch (const std::exception& e) {
+        throw Error(impl_->origin + ": layer " + std::to_string(k) + " (" + impl_->layers[k].name +
+                    ") failed: " + detail::torch_message(e));
+      }
+      size_t pos = c.out_ids.size();
+      double flops = 0;
+      for (Node* node : g->nodes()) {
+        if (node->kind() == c10::prim::Constant) {
+          vals[node->output()] = *jit::toIValue(node->output());
+          continue;
+        }
+        std::vector<c10::IValue> in, out;
+        for (Value* o : node->outputs()) vals[o] = stack[pos++];
+        for (Value* v : node->inputs()) {
+          auto it = vals.find(v);
+          in.push_back(it == vals.end() ? c10::IValue() : it->second);
+        }
+        for (Value* o : node->outputs()) out.push_back(vals[o]);
+        flops += detail::node_flops(node->kind().toQualString(), in, out);
+      }
+      impl_->layers[k].flops = flops;
+      for (size_t i = 0; i < c.out_ids.size(); ++i) run.s_->env[c.out_ids[i]] = stack[i];
+      for (size_t i = 0; i < c.in_ids.size(); ++i) {
+        if (c.in_last_use[i]) run.s_->env[c.in_ids[i]] = c10::IValue();
+      }
+      run.s_->next = k + 1;
+    }
+  }
+  // Timed runs through the real layer code.
+  std::vector<std::vector<double>> times(n);
+  c10::IValue out;
+  for (int it = 0; it < options.warmup + options.iters; ++it) {
+    Run run = begin(inputs);
+    for (int k = 0; k < n; ++k) {
+      auto t0 = std::chrono::steady_clock::now();
+      run_layer(run);
+      auto t1 = std::chrono::steady_clock::now();
+      if (it >= options.warmup) times[k].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (it == options.warmup + options.iters - 1) impl_->layers[k].live_bytes = run.live_bytes();
+    }
+    out = finish(run);
+  }
+  for (int k = 0; k < n; ++k) {
+    auto& t = times[k];
+    if (t.empty()) continue;
+    std::sort(t.begin(), t.end());
+    impl_->layers[k].time_ms = t[t.size() / 2];
+  }
+  return out;
+}
+
+}  // namespace swapnet

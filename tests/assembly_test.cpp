@@ -1,0 +1,230 @@
+// Tests of swapnet/assembly.h: the layered skeleton on real and synthetic models.
+// Models come from models/export.py in $SWAPNET_MODELS (scripts/test.sh writes them).
+#include <gtest/gtest.h>
+
+#include <torch/script.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "swapnet/assembly.h"
+
+namespace swapnet {
+namespace {
+
+std::string model(const std::string& name) {
+  const char* dir = std::getenv("SWAPNET_MODELS");
+  return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
+}
+
+// Loads a model or fails the test with the reason (a missing model is a broken setup, not a skip).
+Skeleton load(const std::string& name, torch::jit::Module* m = nullptr) { return Skeleton::load(model(name), m); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class SmallModels : public ::testing::TestWithParam<std::pair<std::string, std::vector<int64_t>>> {};
+
+TEST_P(SmallModels, LayeredRunIsBitIdenticalAndBytesAddUp) {
+  const auto& [name, shape] = GetParam();
+  torch::jit::Module m;
+  Skeleton sk = load(name, &m);
+  torch::manual_seed(3);
+  at::Tensor x = torch::randn(shape);
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    expected = m.forward({x.clone()});
+  }
+  c10::IValue actual = sk.forward({x.clone()});
+  Comparison c = compare_outputs(expected, actual);
+  EXPECT_TRUE(c.equal) << c.difference << " max_abs_diff=" << c.max_abs_diff;
+
+  std::int64_t module_bytes = 0, module_tensors = 0;
+  std::set<const void*> seen;
+  for (const auto& p : m.named_parameters()) {
+    if (seen.insert(p.value.unsafeGetTensorImpl()).second) { module_bytes += p.value.nbytes(); ++module_tensors; }
+  }
+  for (const auto& b : m.named_buffers()) {
+    if (seen.insert(b.value.unsafeGetTensorImpl()).second) { module_bytes += b.value.nbytes(); ++module_tensors; }
+  }
+  std::int64_t layer_bytes = 0, layer_tensors = 0;
+  for (const auto& L : sk.layers()) {
+    layer_bytes += L.bytes;
+    layer_tensors += L.tensors;
+    EXPECT_LE(std::count_if(L.ops.begin(), L.ops.end(), [](const std::string&) { return true; }), 10000);
+  }
+  EXPECT_EQ(layer_bytes, module_bytes);
+  EXPECT_EQ(layer_tensors, module_tensors);
+  EXPECT_EQ(sk.total_bytes(), module_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, SmallModels,
+    ::testing::Values(std::make_pair(std::string("synthetic"), std::vector<int64_t>{2, 3, 16, 16}),
+                      std::make_pair(std::string("resnet18"), std::vector<int64_t>{1, 3, 64, 64}),
+                      std::make_pair(std::string("resnet18_traced"), std::vector<int64_t>{1, 3, 64, 64}),
+                      std::make_pair(std::string("mobilenet_v2"), std::vector<int64_t>{1, 3, 64, 64})),
+    [](const auto& info) { return info.param.first; });
+
+TEST(Skeleton, Resnet18HasConvSizedLayers) {
+  Skeleton sk = load("resnet18");
+  // 20 convolutions, 20 batch norms, 1 linear: one weighted node per layer.
+  EXPECT_EQ(sk.layers().size(), 41u);
+  int weighted = 0;
+  for (const auto& L : sk.layers()) {
+    weighted += !L.used_slots.empty();
+    EXPECT_LE(L.used_slots.size(), 5u) << L.name;
+  }
+  EXPECT_EQ(weighted, 41);
+  EXPECT_EQ(sk.layers().front().name, "conv1");
+  EXPECT_EQ(sk.layers().back().name, "fc");
+}
+
+TEST(Skeleton, SyntheticHandlesSharedSlotsBuffersAndControlFlow) {
+  Skeleton sk = load("synthetic");
+  int shared = -1;
+  for (size_t i = 0; i < sk.slots().size(); ++i) {
+    if (sk.slots()[i].name == "shared.weight") shared = static_cast<int>(i);
+  }
+  ASSERT_GE(shared, 0);
+  EXPECT_EQ(sk.slots()[shared].used_by.size(), 2u) << "the loop layer and the later head both read it";
+  // num_batches_tracked is read by no layer but is still owned by the batch-norm's layer.
+  for (const auto& s : sk.slots()) {
+    if (s.name == "bn.num_batches_tracked") {
+      EXPECT_TRUE(s.used_by.empty());
+      EXPECT_EQ(sk.layers()[s.layer].name, "bn");
+    }
+  }
+  bool has_if = false, has_loop = false;
+  for (const auto& L : sk.layers()) {
+    for (const auto& op : L.ops) {
+      has_if |= op == "prim::If";
+      has_loop |= op == "prim::Loop";
+    }
+  }
+  EXPECT_TRUE(has_if);
+  EXPECT_TRUE(has_loop);
+}
+
+TEST(Skeleton, BindsByReferenceNotByCopy) {
+  torch::jit::Module m;
+  Skeleton sk = load("synthetic", &m);
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({2, 3, 16, 16});
+  c10::IValue before = sk.forward({x.clone()});
+  // Rebind every slot to a fresh buffer holding the same values: output unchanged, and the
+  // slot is that very memory.
+  std::vector<at::Tensor> copies;
+  for (size_t i = 0; i < sk.slots().size(); ++i) {
+    copies.push_back(sk.slot(static_cast<int>(i)).clone());
+    sk.bind_slot(static_cast<int>(i), copies.back());
+    EXPECT_EQ(sk.slot(static_cast<int>(i)).data_ptr(), copies.back().data_ptr());
+  }
+  EXPECT_TRUE(compare_outputs(before, sk.forward({x.clone()})).equal);
+  // Writing to the bound memory changes what the layers compute: they read it, not a copy.
+  int stem = -1;
+  for (size_t i = 0; i < sk.slots().size(); ++i) {
+    if (sk.slots()[i].name == "stem.weight") stem = static_cast<int>(i);
+  }
+  ASSERT_GE(stem, 0);
+  copies[stem].zero_();
+  EXPECT_FALSE(compare_outputs(before, sk.forward({x.clone()})).equal);
+}
+
+TEST(Skeleton, UnboundAndMismatchedSlotsAreClearErrors) {
+  Skeleton sk = load("resnet18");
+  EXPECT_NE(error_of([&] { sk.bind_slot(0, torch::zeros({3})); }).find("conv1.weight': expected Float[64,3,7,7], got Float[3]"),
+            std::string::npos);
+  sk.unbind_slot(0);
+  std::string e = error_of([&] { sk.forward({torch::randn({1, 3, 32, 32})}); });
+  EXPECT_NE(e.find("layer 0 (conv1) reads slot 0 'conv1.weight', which is not bound"), std::string::npos) << e;
+}
+
+TEST(Skeleton, RunsStepByStep) {
+  Skeleton sk = load("resnet18");
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  c10::IValue all = sk.forward({x.clone()});
+  Skeleton::Run run = sk.begin({x.clone()});
+  const int half = static_cast<int>(sk.layers().size()) / 2;
+  sk.run_layers(run, half);
+  EXPECT_EQ(run.next_layer(), half);
+  EXPECT_GT(run.live_bytes(), 0);
+  EXPECT_THROW(sk.finish(run), Error);
+  sk.run_layers(run, static_cast<int>(sk.layers().size()));
+  EXPECT_TRUE(compare_outputs(all, sk.finish(run)).equal);
+  EXPECT_THROW(sk.run_layer(run), Error);
+}
+
+TEST(Skeleton, ProfileFillsFlopsTimesAndLiveBytes) {
+  Skeleton sk = load("resnet18");
+  sk.profile({torch::randn({1, 3, 224, 224})}, ProfileOptions{0, 1});
+  double flops = 0;
+  for (const auto& L : sk.layers()) {
+    flops += L.flops;
+    EXPECT_GT(L.time_ms, 0) << L.name;
+  }
+  // resnet18 at 224x224 is 1.82 GMACs = 3.6 GFLOPs, plus elementwise work.
+  EXPECT_GT(flops, 3.5e9);
+  EXPECT_LT(flops, 3.8e9);
+  // conv1: 64 x 112 x 112 outputs, each 3*7*7 MACs.
+  EXPECT_DOUBLE_EQ(sk.layers()[0].flops, 2.0 * 64 * 112 * 112 * 3 * 7 * 7);
+  EXPECT_EQ(sk.layers()[0].live_bytes, 64 * 112 * 112 * 4);
+}
+
+TEST(Skeleton, BadFilesAreRefusedByName) {
+  EXPECT_NE(error_of([] { Skeleton::load(model("missing")); }).find("missing.pt: cannot open: No such file"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load("bad_notscript"); }).find("bad_notscript.pt: not a TorchScript module file"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load("bad_noforward"); }).find("bad_noforward.pt: the module has no forward method"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load("bad_stateful"); }).find("forward assigns attribute 'calls' (prim::SetAttr)"),
+            std::string::npos);
+  Skeleton sk = load("resnet18");
+  EXPECT_NE(error_of([&] { sk.forward({torch::randn({1, 3, 64, 64}), torch::randn({1})}); })
+                .find("forward takes 1 input(s), got 2"),
+            std::string::npos);
+  std::string e = error_of([&] { sk.forward({torch::randn({1, 5, 64, 64})}); });
+  EXPECT_NE(e.find("layer 0 (conv1"), std::string::npos) << e;
+  EXPECT_NE(e.find("to have 3 channels"), std::string::npos) << e;
+}
+
+TEST(Compare, FindsTheFirstDifference) {
+  at::Tensor a = torch::ones({2, 2});
+  at::Tensor b = a.clone();
+  b[1][1] = 1.5;
+  Comparison c = compare_outputs(c10::ivalue::Tuple::create({a, a}), c10::ivalue::Tuple::create({a, b}));
+  EXPECT_FALSE(c.equal);
+  EXPECT_EQ(c.difference, "output[1]: values differ");
+  EXPECT_DOUBLE_EQ(c.max_abs_diff, 0.5);
+  c = compare_outputs(a, torch::ones({2, 3}));
+  EXPECT_FALSE(c.equal);
+  EXPECT_EQ(c.difference, "output: shape [2,2] vs [2,3]");
+  // -0.0 and 0.0 compare equal as numbers but are different bits.
+  c = compare_outputs(torch::zeros({1}), -torch::zeros({1}));
+  EXPECT_FALSE(c.equal);
+  c10::impl::GenericDict d1(c10::StringType::get(), c10::TensorType::get());
+  c10::impl::GenericDict d2(c10::StringType::get(), c10::TensorType::get());
+  d1.insert("x", a);
+  d2.insert("y", a);
+  c = compare_outputs(d1, d2);
+  EXPECT_EQ(c.difference, "output: key 'x' missing");
+  EXPECT_TRUE(compare_outputs(c10::ivalue::Tuple::create({a, d1}), c10::ivalue::Tuple::create({a.clone(), d1})).equal);
+}
+
+TEST(ParseShape, ReadsAndRefuses) {
+  EXPECT_EQ(parse_shape("1,3,224,224"), (std::vector<int64_t>{1, 3, 224, 224}));
+  EXPECT_NE(error_of([] { parse_shape("1,,3"); }).find("'' is not a positive integer"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_shape("0"); }).find("'0' is not a positive integer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace swapnet
