@@ -131,7 +131,7 @@ int cmd_inspect(const std::string& path, const Common& c, int iters) {
     for (const auto& L : layers) {
       arr.push_back({{"index", L.index}, {"name", L.name}, {"bytes", L.bytes}, {"tensors", L.tensors},
                      {"flops", L.flops}, {"time_ms", L.time_ms}, {"live_bytes", L.live_bytes},
-                     {"ops", L.ops}});
+                     {"ops", L.ops}, {"live_in", L.live_in}});
     }
     j["layers"] = std::move(arr);
     std::cout << j.dump(1) << "\n";

@@ -56,7 +56,29 @@ class Stateful(nn.Module):
         return self.fc(x)
 
 
-# name -> (constructor, input shape, how to export)
+class InplaceWeight(nn.Module):
+    """Scales its own weight in place during forward: weights would change between runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc.weight.mul_(1.0)
+        return self.fc(x)
+
+
+class SmallConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+# name -> (constructor, input shape, how to export: script | trace | script-train)
 MODELS = {
     # small: run in CI
     "resnet18": (lambda: tv().resnet18(weights=None), [1, 3, 224, 224], "script"),
@@ -91,6 +113,9 @@ MODELS = {
         weights=None, weights_backbone=None, aux_loss=True), [1, 3, 64, 64], "script"),
     # bad: must be refused
     "bad_stateful": (Stateful, [1, 4], "script"),
+    "bad_inplace_weight": (InplaceWeight, [1, 4], "script"),
+    # saved in training mode: swapnet runs it in eval mode and says so
+    "train_mode": (SmallConvBN, [1, 3, 8, 8], "script-train"),
 }
 
 SETS = {
@@ -100,7 +125,7 @@ SETS = {
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",
             "convnext_tiny", "vit_small", "swin_small", "lraspp_mobilenet_v3",
             "deeplabv3_mobilenet_v3"],
-    "bad": ["bad_stateful", "bad_noforward", "bad_notscript"],
+    "bad": ["bad_stateful", "bad_inplace_weight", "bad_noforward", "bad_notscript", "train_mode"],
 }
 
 
@@ -145,6 +170,8 @@ def export(name: str, out: str) -> dict:
         else:
             scripted = torch.jit.script(model)
     scripted.eval()
+    if how == "script-train":
+        scripted.train()
     atomic_save(lambda p: scripted.save(p), path)
     params = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())

@@ -86,6 +86,12 @@ TEST(Skeleton, Resnet18HasConvSizedLayers) {
   EXPECT_EQ(weighted, 41);
   EXPECT_EQ(sk.layers().front().name, "conv1");
   EXPECT_EQ(sk.layers().back().name, "fc");
+  // Only the input crosses into layer 0; inside a basic block the identity branch stays live
+  // across the convolutions (two activations cross).
+  EXPECT_EQ(sk.layers()[0].live_in.size(), 1u);
+  size_t most = 0;
+  for (const auto& L : sk.layers()) most = std::max(most, L.live_in.size());
+  EXPECT_EQ(most, 2u);
 }
 
 TEST(Skeleton, SyntheticHandlesSharedSlotsBuffersAndControlFlow) {

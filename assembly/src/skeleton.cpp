@@ -461,10 +461,18 @@ void Skeleton::Impl::assign_ids() {
     last_use[i] = end;
   }
   last_use.resize(id_value.size(), -1);
+  std::vector<int> def_layer(id_value.size(), -1);
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    for (int i : outs[k]) def_layer[i] = static_cast<int>(k);
+  }
   for (size_t k = 0; k < compiled.size(); ++k) {
     compiled[k].out_ids = outs[k];
     for (int i : compiled[k].in_ids) compiled[k].in_last_use.push_back(last_use[i] == static_cast<int>(k));
-    layers[k].inputs = static_cast<std::int64_t>(compiled[k].in_ids.size());
+    for (size_t i = 0; i < id_value.size(); ++i) {
+      if (def_layer[i] < static_cast<int>(k) && last_use[i] >= static_cast<int>(k)) {
+        layers[k].live_in.push_back(id_value[i]->debugName() + ": " + id_value[i]->type()->annotation_str());
+      }
+    }
   }
 }
 

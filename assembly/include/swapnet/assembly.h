@@ -59,7 +59,9 @@ struct LayerInfo {
   double flops = 0;                 // from the shapes seen in the example run
   double time_ms = 0;               // median measured execution time
   std::int64_t live_bytes = 0;      // activation bytes alive after this layer (crossing to the next)
-  std::int64_t inputs = 0;          // activations crossing into this layer
+  // Activations alive at the boundary before this layer (defined earlier, used here or later),
+  // as "name: type", e.g. "x.3: Tensor". Forward's inputs count as defined before layer 0.
+  std::vector<std::string> live_in;
 };
 
 struct ProfileOptions {
