@@ -35,6 +35,7 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 
@@ -43,6 +44,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <set>
 #include <sys/stat.h>
 #include <unordered_map>
@@ -155,6 +157,10 @@ void storage_bytes(const c10::IValue& v, std::unordered_set<const void*>& seen, 
   }
 }
 
+[[noreturn]] void refuse_binding(const std::string& origin, const std::string& what) {
+  throw Error(origin + ": " + what);
+}
+
 }  // namespace
 
 struct Skeleton::Impl {
@@ -179,9 +185,13 @@ struct Skeleton::Impl {
   std::int64_t total_bytes = 0;
   int num_parameters = 0, num_buffers = 0;
 
+  std::vector<std::uint64_t> slot_offset;  // file offset of each slot (from_image skeletons)
+
   void collect_slots(const jit::Module& m);
   void lift(const jit::Module& m);
   void cut();
+  void renumber_slots();
+  std::string serialize() const;
   void assign_ids();
   std::shared_ptr<jit::Graph> layer_graph(int k, bool all_values) const;
   void compile();
@@ -397,6 +407,67 @@ void Skeleton::Impl::cut() {
   }
 }
 
+// Orders slots by owning layer (stable), so slot i is tensor i of the swap image and every
+// layer's slots are one consecutive run: the image's tensor table is the slot table.
+void Skeleton::Impl::renumber_slots() {
+  std::vector<int> order(slots.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return slots[a].layer < slots[b].layer; });
+  std::vector<int> new_index(slots.size());
+  for (size_t i = 0; i < order.size(); ++i) new_index[order[i]] = static_cast<int>(i);
+  std::vector<SlotInfo> s2;
+  std::vector<at::Tensor> b2;
+  std::vector<Value*> in2;
+  for (int old : order) {
+    s2.push_back(std::move(slots[old]));
+    b2.push_back(std::move(bound[old]));
+    in2.push_back(input_of_slot[old]);
+  }
+  slots = std::move(s2);
+  bound = std::move(b2);
+  input_of_slot = std::move(in2);
+  slot_of_input.clear();
+  for (size_t i = 0; i < input_of_slot.size(); ++i) {
+    if (input_of_slot[i] != nullptr) slot_of_input[input_of_slot[i]] = static_cast<int>(i);
+  }
+  for (auto& L : layers) {
+    for (int& x : L.slots) x = new_index[x];
+    for (int& x : L.used_slots) x = new_index[x];
+    std::sort(L.slots.begin(), L.slots.end());
+    std::sort(L.used_slots.begin(), L.used_slots.end());
+  }
+}
+
+// The weightless skeleton stored in a swap image: a TorchScript module without state whose
+// forward(self, inputs..., slot_0, ..., slot_n-1) is the lifted graph. Kilobytes.
+std::string Skeleton::Impl::serialize() const {
+  auto cu = std::make_shared<jit::CompilationUnit>();
+  jit::Module sm(c10::QualifiedName("__torch__.swapnet.Skeleton"), cu);
+  auto g = std::make_shared<jit::Graph>();
+  g->addInput("self")->setType(sm.type());
+  std::unordered_map<Value*, Value*> env;
+  for (int i = 0; i < num_inputs; ++i) env[graph->inputs()[i]] = g->addInput()->copyMetadata(graph->inputs()[i]);
+  for (size_t s = 0; s < slots.size(); ++s) {
+    Value* in = g->addInput("slot" + std::to_string(s))->setType(c10::TensorType::get());
+    if (input_of_slot[s] != nullptr) env[input_of_slot[s]] = in;
+  }
+  auto map = [&](Value* v) -> Value* {
+    auto it = env.find(v);
+    if (it == env.end()) refuse("internal: skeleton export misses %" + v->debugName());
+    return it->second;
+  };
+  for (Node* n : graph->nodes()) {
+    Node* c = g->insertNode(g->createClone(n, map));
+    for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = c->output(i);
+  }
+  for (Value* o : graph->outputs()) g->registerOutput(map(o));
+  jit::Function* fn = cu->create_function(c10::QualifiedName(*sm.type()->name(), "forward"), g);
+  sm.type()->addMethod(fn);
+  std::ostringstream os;
+  sm.save(os);
+  return os.str();
+}
+
 void Skeleton::Impl::assign_ids() {
   // The top-level node that contains `v`'s definition, or nullptr for graph inputs.
   std::unordered_map<Node*, int> layer_of;
@@ -552,6 +623,7 @@ Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::stri
     impl->collect_slots(m);
     impl->lift(m);
     impl->cut();
+    impl->renumber_slots();
     impl->assign_ids();
     impl->compile();
   } catch (const c10::Error& e) {
@@ -585,6 +657,165 @@ void Skeleton::bind_slot(int index, const at::Tensor& tensor) {
                                   : std::string("an undefined tensor")));
   }
   impl_->bound[index] = tensor;
+}
+
+// ---- swap images -------------------------------------------------------------------------
+
+void Skeleton::pack(const std::string& path, const PackOptions& options) const {
+  const Impl& m = *impl_;
+  ImageInfo info;
+  info.source = m.origin;
+  info.input_shapes = options.input_shapes;
+  info.num_inputs = static_cast<std::uint32_t>(m.num_inputs);
+  std::uint32_t next = 0;
+  for (const auto& L : m.layers) {
+    ImageLayer il;
+    il.name = L.name;
+    for (const auto& op : L.ops) il.ops += (il.ops.empty() ? "" : ",") + op;
+    il.first_tensor = next;
+    il.num_tensors = static_cast<std::uint32_t>(L.slots.size());
+    for (size_t i = 0; i < L.slots.size(); ++i) {
+      if (L.slots[i] != static_cast<int>(next + i)) m.refuse("internal: layer " + std::to_string(L.index) + " slots not consecutive");
+    }
+    next += il.num_tensors;
+    il.flops = L.flops;
+    il.time_ms = L.time_ms;
+    il.live_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, L.live_bytes));
+    info.layers.push_back(std::move(il));
+  }
+  for (size_t i = 0; i < m.slots.size(); ++i) {
+    const SlotInfo& sl = m.slots[i];
+    const at::Tensor& t = m.bound[i];
+    if (!t.defined() || !t.device().is_cpu()) {
+      m.refuse("cannot pack slot " + std::to_string(i) + " '" + sl.name + "': " +
+             (t.defined() ? "not in CPU memory" : "not bound"));
+    }
+    ImageTensor it;
+    it.name = sl.name;
+    it.kind = static_cast<std::uint8_t>(sl.kind);
+    it.dtype = static_cast<std::uint8_t>(sl.dtype);
+    it.element_size = static_cast<std::uint8_t>(c10::elementSize(sl.dtype));
+    it.sizes = t.sizes().vec();
+    it.strides = t.strides().vec();
+    it.layer = static_cast<std::uint32_t>(sl.layer);
+    info.tensors.push_back(std::move(it));
+  }
+  try {
+    info.skeleton = m.serialize();
+  } catch (const c10::Error& e) {
+    m.refuse("cannot serialize the skeleton: " + detail::torch_message(e));
+  }
+  ImageWriteOptions wo;
+  wo.progress = options.progress;
+  write_image(path, std::move(info), [&](std::size_t s) -> const void* { return m.bound[s].data_ptr(); }, wo)
+      .throw_if_error();
+}
+
+Skeleton Skeleton::from_image(const ImageInfo& info, const std::string& origin) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.origin = origin;
+  torch::jit::Module sm;
+  try {
+    std::istringstream is(info.skeleton);
+    sm = torch::jit::load(is);
+  } catch (const std::exception& e) {
+    throw Error(origin + ": the image's skeleton cannot be loaded: " + detail::torch_message(e));
+  }
+  m.methods = sm._ivalue()->compilation_unit();
+  auto method = sm.find_method("forward");
+  if (!method) throw Error(origin + ": the image's skeleton has no forward");
+  m.graph = method->graph()->copy();
+  jit::Inline(*m.graph);
+  m.num_inputs = static_cast<int>(info.num_inputs);
+  const size_t n = info.tensors.size();
+  if (m.graph->inputs().size() != 1 + info.num_inputs + n || m.graph->inputs()[0]->hasUses()) {
+    throw Error(origin + ": the image's skeleton takes " + std::to_string(m.graph->inputs().size()) +
+                " inputs, its tables describe " + std::to_string(1 + info.num_inputs + n));
+  }
+  m.graph->eraseInput(0);
+  m.input_of_slot.assign(n, nullptr);
+  for (size_t s = 0; s < n; ++s) {
+    const ImageTensor& t = info.tensors[s];
+    if (t.dtype >= static_cast<std::uint8_t>(c10::ScalarType::NumOptions) ||
+        c10::elementSize(static_cast<c10::ScalarType>(t.dtype)) != t.element_size) {
+      throw Error(origin + ": tensor " + std::to_string(s) + " (" + t.name + ") has an unknown dtype code " +
+                  std::to_string(t.dtype));
+    }
+    SlotInfo sl;
+    sl.name = t.name;
+    sl.kind = static_cast<SlotKind>(t.kind);
+    sl.dtype = static_cast<c10::ScalarType>(t.dtype);
+    sl.sizes = t.sizes;
+    sl.strides = t.strides;
+    std::int64_t numel = 1;
+    for (auto d : t.sizes) numel *= d;
+    sl.bytes = numel * t.element_size;
+    m.total_bytes += sl.bytes;
+    m.num_parameters += sl.kind == SlotKind::kParameter;
+    m.num_buffers += sl.kind == SlotKind::kBuffer;
+    m.slots.push_back(std::move(sl));
+    m.bound.emplace_back();
+    m.slot_offset.push_back(t.offset);
+    Value* in = m.graph->inputs()[m.num_inputs + s];
+    if (in->hasUses()) {
+      m.input_of_slot[s] = in;
+      m.slot_of_input[in] = static_cast<int>(s);
+    }
+  }
+  try {
+    m.cut();
+    if (m.layers.size() != info.layers.size()) {
+      throw Error(origin + ": the skeleton cuts into " + std::to_string(m.layers.size()) + " layers, the layer table has " +
+                  std::to_string(info.layers.size()));
+    }
+    for (size_t s = 0; s < n; ++s) {
+      if (m.slots[s].layer != static_cast<int>(info.tensors[s].layer)) {
+        throw Error(origin + ": tensor " + std::to_string(s) + " (" + info.tensors[s].name + ") belongs to layer " +
+                    std::to_string(info.tensors[s].layer) + " in the table but to layer " +
+                    std::to_string(m.slots[s].layer) + " in the skeleton");
+      }
+    }
+    m.renumber_slots();  // identity: the image is already in layer order
+    m.assign_ids();
+    m.compile();
+  } catch (const c10::Error& e) {
+    throw Error(origin + ": cannot build the layered skeleton: " + detail::torch_message(e));
+  }
+  for (size_t k = 0; k < m.layers.size(); ++k) {
+    m.layers[k].flops = info.layers[k].flops;
+    m.layers[k].time_ms = info.layers[k].time_ms;
+    m.layers[k].live_bytes = static_cast<std::int64_t>(info.layers[k].live_bytes);
+  }
+  return Skeleton(std::move(impl));
+}
+
+void Skeleton::bind_layers(int first, int last, void* block, std::uint64_t block_offset) {
+  Impl& m = *impl_;
+  if (m.slot_offset.empty() && !m.slots.empty()) refuse_binding(m.origin, "bind_layers needs a skeleton made by from_image");
+  if (first < 0 || last < first || last >= static_cast<int>(m.layers.size())) {
+    refuse_binding(m.origin, "layers [" + std::to_string(first) + ", " + std::to_string(last) + "] out of range (" +
+                                 std::to_string(m.layers.size()) + " layers)");
+  }
+  for (int k = first; k <= last; ++k) {
+    for (int s : m.layers[k].slots) {
+      const SlotInfo& sl = m.slots[s];
+      if (m.slot_offset[s] < block_offset) {
+        refuse_binding(m.origin, "slot " + std::to_string(s) + " '" + sl.name + "' at offset " +
+                                     std::to_string(m.slot_offset[s]) + " precedes the block at " +
+                                     std::to_string(block_offset));
+      }
+      void* p = static_cast<char*>(block) + (m.slot_offset[s] - block_offset);
+      m.bound[s] = at::from_blob(p, sl.sizes, sl.strides, at::TensorOptions().dtype(sl.dtype));
+    }
+  }
+}
+
+void Skeleton::unbind_layers(int first, int last) {
+  Impl& m = *impl_;
+  for (int k = std::max(first, 0); k <= last && k < static_cast<int>(m.layers.size()); ++k) {
+    for (int s : m.layers[k].slots) m.bound[s] = at::Tensor();
+  }
 }
 
 void Skeleton::unbind_slot(int index) { impl_->bound.at(index) = at::Tensor(); }

@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,24 @@ class SWAPNET_API Skeleton {
   std::int64_t total_bytes() const;  // sum of all slot bytes == module parameter + buffer bytes
   int num_parameters() const;
   int num_buffers() const;
+
+  // ---- swap images (format: swapcore.h, Note [Swap image format]) ----
+  struct PackOptions {
+    std::string input_shapes;  // the example input profile() used, recorded in the image
+    std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
+  };
+  // Writes the model as a swap image: the layer table with the facts profile() measured, the
+  // tensor table (slot i is tensor i), the weightless skeleton (kilobytes) and the bound slots'
+  // bytes in layer order. Atomic: a crash never leaves a half image under `path`.
+  void pack(const std::string& path, const PackOptions& options = {}) const;
+  // Builds the skeleton of an image from its metadata alone: no parameter data is read, and
+  // every slot starts unbound. Throws Error if the skeleton does not match the layer table.
+  static Skeleton from_image(const ImageInfo& info, const std::string& origin);
+  // Binds the slots owned by layers [first, last] to views into `block`, memory that holds the
+  // image's bytes from file offset `block_offset` on (a fetched block). No copy: the memory
+  // must stay valid until unbind_layers(). Only for skeletons made by from_image.
+  void bind_layers(int first, int last, void* block, std::uint64_t block_offset);
+  void unbind_layers(int first, int last);
 
   // ---- binding by reference ----
   // Points slot `index` at `tensor` (no copy). Throws if dtype or sizes differ from the slot.

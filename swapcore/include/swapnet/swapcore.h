@@ -1,17 +1,22 @@
-// swapnet/swapcore.h — the bottom of swapnet: errors, the one logger, and (issue #3) block I/O.
+// swapnet/swapcore.h — the bottom of swapnet: errors, the one logger, the swap image format and
+// the block reader that moves image bytes from disk into memory at the disk's speed.
 //
 // swapcore knows nothing of torch. Every other module depends on it, never the reverse.
 //
 // Policies:
-//  - Errors carry their context in the message ("FILE: what failed: value vs limit"); the
-//    torch-facing modules throw swapnet::Error, swapcore's I/O paths will return status values.
+//  - Errors carry their context in the message ("FILE: what failed: value vs limit"). The
+//    I/O paths return Status values (an I/O error is an expected outcome); the torch-facing
+//    modules throw swapnet::Error.
 //  - The library never writes to stdout. It logs through swapnet::log(), which is silent unless
 //    the application raises the level (set_log_level) or SWAPNET_LOG is set
 //    (off|error|warn|info|debug), read once at first use.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <vector>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -56,5 +61,167 @@ SWAPNET_API LogLevel parse_log_level(std::string_view text);
 SWAPNET_API std::uint64_t parse_size(std::string_view text);
 // "178.6 MB (170.3 MiB)"-style human text for a byte count; exact bytes are in JSON output.
 SWAPNET_API std::string format_bytes(std::uint64_t bytes);
+
+// ---- status ---------------------------------------------------------------------------
+
+// The result of an I/O operation: ok, or an errno and a complete message
+// ("resnet101.swapnet: read 1048576 bytes at offset 73400320 failed: Input/output error (EIO)").
+class SWAPNET_API Status {
+ public:
+  Status() = default;  // ok
+  static Status error(int err, std::string message) { return Status(err == 0 ? -1 : err, std::move(message)); }
+  bool ok() const { return code_ == 0; }
+  int code() const { return code_; }  // an errno value, or -1 for a format error
+  const std::string& message() const { return message_; }
+  void throw_if_error() const {
+    if (!ok()) throw Error(message_);
+  }
+
+ private:
+  Status(int code, std::string m) : code_(code), message_(std::move(m)) {}
+  int code_ = 0;
+  std::string message_;
+};
+
+// "EIO", "EINVAL", ... for an errno value (strerror gives the sentence, this the symbol).
+SWAPNET_API std::string errno_name(int err);
+
+// ---- swap image ---------------------------------------------------------------------------
+//
+// One file per model (see Note [Swap image format] in swapcore/src/image.cpp):
+//   header (4 KiB) | metadata: layer table, tensor table, skeleton bytes | parameter data
+// The data of layer i starts on a 4 KiB boundary and layers follow in execution order, so any
+// run of consecutive layers (a block) is one contiguous, aligned byte range. Each layer's bytes
+// carry an XXH3-64 checksum; header and metadata carry their own.
+
+constexpr std::uint64_t kImageAlign = 4096;  // bytes: O_DIRECT and NVMe page alignment
+
+struct ImageTensor {
+  std::string name;               // qualified name, e.g. "layer1.0.conv1.weight"
+  std::uint8_t kind = 0;          // 0 parameter, 1 buffer, 2 attribute (assembly's SlotKind)
+  std::uint8_t dtype = 0;         // the framework's scalar-type code (opaque to swapcore)
+  std::uint8_t element_size = 0;  // bytes per element
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;  // in elements; data holds the strided span, not a copy
+  std::uint64_t offset = 0;       // absolute file offset of the first element (64-byte aligned)
+  std::uint64_t nbytes = 0;       // bytes of the span the strides reach
+  std::uint32_t layer = 0;        // owning layer
+};
+
+struct ImageLayer {
+  std::string name;
+  std::string ops;                // node kinds, comma-separated
+  std::uint64_t offset = 0;       // absolute file offset, a multiple of kImageAlign
+  std::uint64_t size = 0;         // bytes, a multiple of kImageAlign (zero for weightless layers)
+  std::uint64_t data_bytes = 0;   // tensor bytes inside (size minus padding)
+  std::uint32_t first_tensor = 0; // its tensors are [first_tensor, first_tensor + num_tensors)
+  std::uint32_t num_tensors = 0;
+  std::uint64_t checksum = 0;     // XXH3-64 of the `size` bytes at `offset`
+  double flops = 0;               // from pack's profiling run
+  double time_ms = 0;
+  std::uint64_t live_bytes = 0;
+};
+
+struct ImageInfo {
+  std::uint32_t version = 0;
+  std::uint64_t file_size = 0;
+  std::uint64_t data_offset = 0;  // first layer's offset
+  std::uint64_t data_size = 0;    // through the end of the last layer
+  std::uint32_t num_inputs = 0;   // forward's inputs (without self)
+  std::string input_shapes;       // the example input used when packing, e.g. "1,3,224,224"
+  std::string source;             // the model file it was packed from
+  std::vector<ImageLayer> layers;
+  std::vector<ImageTensor> tensors;
+  std::string skeleton;           // the framework's serialized weightless module
+};
+
+// Reads and validates header and metadata (never the parameter data). Every count, offset and
+// size is checked against the file before anything is allocated; errors name the file and the
+// field. `parse_image` does the same for bytes already in memory (the fuzzing entry point).
+SWAPNET_API Status read_image_info(const std::string& path, ImageInfo* out);
+SWAPNET_API Status parse_image(const std::uint8_t* data, std::size_t size, std::uint64_t file_size,
+                               const std::string& origin, ImageInfo* out);
+
+// Writes an image atomically (temporary file in the same directory, fsync, rename). The layer
+// and tensor tables' offsets, sizes and checksums are computed here; `read_tensor` is asked for
+// each tensor's span bytes in file order. `progress(done, total)` is called as data is written.
+struct ImageWriteOptions {
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
+};
+SWAPNET_API Status write_image(const std::string& path, ImageInfo info,
+                               const std::function<const void*(std::size_t tensor)>& tensor_bytes,
+                               const ImageWriteOptions& options = {});
+
+// Verifies every layer checksum (reads the whole file with the block reader). On a mismatch the
+// status names the first bad layer by index and name.
+SWAPNET_API Status check_image(const std::string& path, const ImageInfo& info);
+
+// ---- block reader -------------------------------------------------------------------------
+
+enum class IoBackend { kIoUring, kPreadDirect, kBuffered };
+SWAPNET_API const char* to_string(IoBackend b);
+
+struct ReaderOptions {
+  std::size_t request_bytes = 1 << 20;  // bytes per read request (multiple of kImageAlign)
+  unsigned queue_depth = 16;            // requests in flight (io_uring)
+  bool allow_io_uring = true;           // false: skip straight to pread (tests, comparisons)
+  bool allow_direct = true;             // false: buffered reads + POSIX_FADV_DONTNEED
+  bool register_buffers = true;         // io_uring fixed buffers where memlock allows
+  // Test hook at the I/O boundary: sees each request's (offset, length, result) and may rewrite
+  // the result (a short count, -EIO, -EINTR, -EAGAIN) before swapcore handles it.
+  std::function<long(std::uint64_t offset, std::size_t length, long result)> fault;
+};
+
+// Reads byte ranges of one file into caller-provided aligned buffers: O_DIRECT through io_uring,
+// with fallbacks chosen by probing at open and said once in the log (io_uring refused -> pread
+// with O_DIRECT; O_DIRECT refused -> buffered pread followed by POSIX_FADV_DONTNEED, so the page
+// cache does not keep a copy). A background thread ("swapnet-io") drives the reads, so submit()
+// returns at once and the caller computes while the bytes arrive. Thread-safe.
+class SWAPNET_API BlockReader {
+ public:
+  using Ticket = std::uint64_t;
+  static Status open(const std::string& path, const ReaderOptions& options, std::unique_ptr<BlockReader>* out);
+  ~BlockReader();
+  BlockReader(const BlockReader&) = delete;
+  BlockReader& operator=(const BlockReader&) = delete;
+
+  // Queues a read of [offset, offset + length) into `buffer`. offset, length and buffer must be
+  // multiples of kImageAlign (the image guarantees this for blocks). `verify` lists checksums
+  // to check as the data lands: (offset, size, xxh3) ranges inside the read, with names for the
+  // message. Returns a ticket for wait().
+  struct Check {
+    std::uint64_t offset;
+    std::uint64_t size;
+    std::uint64_t checksum;
+    std::string what;  // e.g. "layer 7 (layer1.0.conv2)"
+  };
+  Ticket submit(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
+  Status wait(Ticket ticket);  // blocks until done; the status of that read
+  Status read(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
+
+  // Registers buffers the caller will read into (e.g. an arena), for io_uring fixed-buffer
+  // reads. Advisory: on failure (memlock limit) it warns once and reads go on unregistered.
+  void register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers);
+
+  IoBackend backend() const;
+  const std::string& path() const;
+  std::uint64_t file_size() const;
+  std::uint64_t bytes_read() const;  // total completed
+
+ private:
+  struct Impl;
+  explicit BlockReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Page-aligned host memory (std::free-able via free_aligned); nullptr on failure.
+SWAPNET_API void* alloc_aligned(std::size_t bytes, std::size_t alignment = kImageAlign);
+SWAPNET_API void free_aligned(void* p);
+
+// XXH3-64 of a byte range (what the image's checksums are).
+SWAPNET_API std::uint64_t checksum(const void* data, std::size_t bytes);
+
+// How many bytes of `path` are in the page cache right now (mincore over a mapping).
+SWAPNET_API Status page_cache_bytes(const std::string& path, std::uint64_t* out);
 
 }  // namespace swapnet

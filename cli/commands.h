@@ -1,0 +1,38 @@
+// The swapnet CLI's commands. Each returns the process exit status: 0 success, 1 a negative
+// verdict (outputs differ, a checksum fails), 2 an error (thrown as swapnet::Error).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace swapnet {
+namespace cli {
+
+struct Common {
+  std::vector<std::string> input_shapes;  // --input-shape, repeatable
+  bool json = false;                      // --json: one JSON object on stdout
+  int threads = 0;                        // --threads: intra-op threads, 0 = all cores
+  std::uint64_t seed = 0;                 // --seed of the random input
+  std::string log_level = "warn";         // --log-level
+};
+
+void apply_common(const Common& c);  // log level and thread count
+bool is_image(const std::string& path);  // starts with the swap image magic
+
+int inspect(const std::string& path, const Common& c, int iters);
+int verify(const std::string& path, const Common& c, int runs, const std::string& image);
+int pack(const std::string& model, const std::string& out, const Common& c);
+int check(const std::string& image, const Common& c);
+int info(const Common& c);
+
+struct BenchIoOptions {
+  int runs = 3;          // interleaved raw/fetch rounds; medians reported
+  int blocks = 8;        // the image's layers grouped into this many equal-byte blocks
+  unsigned queue_depth = 0;       // reader queue depth; 0 = swapcore's default
+  std::size_t request_bytes = 0;  // reader request size; 0 = swapcore's default
+};
+int bench_io(const std::string& image, const Common& c, const BenchIoOptions& o);
+
+}  // namespace cli
+}  // namespace swapnet

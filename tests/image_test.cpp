@@ -1,0 +1,391 @@
+// Tests of swapcore's swap image (write, parse, check) and block reader, without torch:
+// round trips, corruption of every section, hostile metadata, and faults injected at the I/O
+// boundary (short reads, EIO, EINTR, EAGAIN, end of file) for every backend.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace {
+
+std::string temp_dir() {
+  static std::string dir = [] {
+    char tmpl[] = "/tmp/swapnet-image-test-XXXXXX";
+    return std::string(::mkdtemp(tmpl));
+  }();
+  return dir;
+}
+
+// An image of `layers` layers, each with two float tensors of random contents (one strided).
+struct Fixture {
+  ImageInfo info;
+  std::vector<std::vector<float>> data;  // per tensor
+};
+
+Fixture make_fixture(int layers, unsigned seed = 1) {
+  Fixture f;
+  std::mt19937 rng(seed);
+  f.info.source = "fixture.pt";
+  f.info.input_shapes = "1,3,8,8";
+  f.info.num_inputs = 1;
+  f.info.skeleton = std::string("skeleton-bytes\0with-nul", 23);
+  for (int l = 0; l < layers; ++l) {
+    ImageLayer L;
+    L.name = "block" + std::to_string(l) + ".conv";
+    L.ops = "aten::_convolution,aten::relu";
+    L.first_tensor = static_cast<std::uint32_t>(f.info.tensors.size());
+    L.num_tensors = l == 1 ? 0 : 2;  // layer 1 has no weights
+    L.flops = 1000.0 * l;
+    L.time_ms = 0.5 * l;
+    L.live_bytes = 4096u * l;
+    for (std::uint32_t t = 0; t < L.num_tensors; ++t) {
+      ImageTensor it;
+      it.name = L.name + (t ? ".bias" : ".weight");
+      it.dtype = 6;  // float
+      it.element_size = 4;
+      if (t == 0) {
+        int n = 1000 + 3000 * l;  // a few KiB, crossing 4 KiB pages
+        it.sizes = {n / 10, 10};
+        it.strides = {10, 1};
+      } else {
+        it.sizes = {7, 3};
+        it.strides = {1, 7};  // transposed: strides are kept, not made contiguous
+      }
+      it.layer = static_cast<std::uint32_t>(l);
+      std::int64_t elems = 1;
+      for (size_t d = 0; d < it.sizes.size(); ++d) elems += (it.sizes[d] - 1) * it.strides[d];
+      std::vector<float> v(static_cast<size_t>(elems));
+      for (auto& x : v) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+      f.data.push_back(std::move(v));
+      f.info.tensors.push_back(std::move(it));
+    }
+    f.info.layers.push_back(std::move(L));
+  }
+  return f;
+}
+
+std::string write_fixture(const Fixture& f, const std::string& name) {
+  std::string path = temp_dir() + "/" + name;
+  Status s = write_image(path, f.info, [&](std::size_t t) -> const void* { return f.data[t].data(); });
+  EXPECT_TRUE(s.ok()) << s.message();
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Rewrites the header and metadata checksums after a deliberate edit, so that the parser's
+// other checks (not the checksums) must catch it.
+void reseal(std::string& b) {
+  std::uint64_t meta_size = 0;
+  std::memcpy(&meta_size, &b[40], 8);
+  std::uint64_t meta_sum = XXH3_64bits(&b[4096], meta_size);
+  std::memcpy(&b[48], &meta_sum, 8);
+  std::uint64_t head_sum = XXH3_64bits(b.data(), 4088);
+  std::memcpy(&b[4088], &head_sum, 8);
+}
+
+Status parse_bytes(const std::string& b, ImageInfo* out) {
+  return parse_image(reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), b.size(), "img", out);
+}
+
+TEST(Image, RoundTripsTablesAndAlignment) {
+  Fixture f = make_fixture(4);
+  std::string path = write_fixture(f, "roundtrip.swapnet");
+  ImageInfo got;
+  Status s = read_image_info(path, &got);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(got.source, "fixture.pt");
+  EXPECT_EQ(got.skeleton, f.info.skeleton);
+  ASSERT_EQ(got.layers.size(), 4u);
+  ASSERT_EQ(got.tensors.size(), 6u);
+  EXPECT_EQ(got.layers[1].size, 0u);
+  for (const auto& L : got.layers) {
+    EXPECT_EQ(L.offset % kImageAlign, 0u) << L.name;
+    EXPECT_EQ(L.size % kImageAlign, 0u) << L.name;
+  }
+  EXPECT_EQ(got.layers[3].time_ms, 1.5);
+  std::string bytes = slurp(path);
+  EXPECT_EQ(got.file_size, bytes.size());
+  for (size_t t = 0; t < got.tensors.size(); ++t) {
+    const ImageTensor& it = got.tensors[t];
+    EXPECT_EQ(it.offset % 64, 0u);
+    ASSERT_EQ(it.nbytes, f.data[t].size() * 4);
+    EXPECT_EQ(std::memcmp(&bytes[it.offset], f.data[t].data(), it.nbytes), 0) << it.name;
+  }
+  EXPECT_EQ(got.tensors[1].strides, (std::vector<std::int64_t>{1, 7}));
+  s = check_image(path, got);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(Image, CheckNamesTheFirstCorruptLayer) {
+  Fixture f = make_fixture(4);
+  std::string path = write_fixture(f, "flip.swapnet");
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(path, &info).ok());
+  std::string b = slurp(path);
+  b[info.layers[2].offset + 100] ^= 0x01;
+  spit(path, b);
+  ASSERT_TRUE(read_image_info(path, &info).ok()) << "data corruption leaves the tables intact";
+  Status s = check_image(path, info);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checksum mismatch in layer 2 (block2.conv)"), std::string::npos) << s.message();
+}
+
+TEST(Image, RefusesDamagedHeadersAndTables) {
+  Fixture f = make_fixture(3);
+  const std::string good = slurp(write_fixture(f, "damage.swapnet"));
+  ImageInfo out;
+  auto expect = [&](std::string b, const std::string& what) {
+    Status s = parse_bytes(b, &out);
+    EXPECT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  };
+  std::string b = good;
+  b[0] = 'X';
+  expect(b, "not a swapnet image (bad magic)");
+  b = good;
+  b[100] ^= 1;
+  expect(b, "header checksum mismatch");
+  b = good;
+  b[4096 + 5] ^= 1;
+  expect(b, "metadata checksum mismatch");
+  b = good;
+  std::uint32_t v2 = 2;
+  std::memcpy(&b[8], &v2, 4);
+  reseal(b);
+  expect(b, "format version 2 is not supported");
+  expect(good.substr(0, good.size() - 4096), "truncated: file is");
+  expect(good.substr(0, 100), "truncated: 100 bytes");
+  // Absurd counts must be refused before anything is allocated.
+  b = good;
+  std::uint32_t huge = 0xFFFFFFFF;
+  std::memcpy(&b[72], &huge, 4);
+  reseal(b);
+  expect(b, "counts out of range");
+  // A metadata size beyond the file.
+  b = good;
+  std::uint64_t big = 1ull << 40;
+  std::memcpy(&b[40], &big, 8);
+  std::uint64_t hs = XXH3_64bits(b.data(), 4088);
+  std::memcpy(&b[4088], &hs, 8);
+  expect(b, "metadata size 1099511627776 exceeds the file");
+  // Layer 0's offset pointing past the end of the file. Metadata layout: str source,
+  // str input_shapes, u32 num_inputs, then layer 0: str name, str ops, u64 offset.
+  b = good;
+  size_t pos = 4096 + 4 + f.info.source.size() + 4 + f.info.input_shapes.size() + 4 + 4 +
+               f.info.layers[0].name.size() + 4 + f.info.layers[0].ops.size();
+  std::uint64_t far = 1ull << 50;
+  std::memcpy(&b[pos], &far, 8);
+  reseal(b);
+  expect(b, "layer 0 (block0.conv): range [1125899906842624");
+  // Trailing garbage in the file.
+  expect(good + std::string(4096, '\0'), "header says");
+}
+
+TEST(Image, WriteIsAtomic) {
+  Fixture f = make_fixture(2);
+  std::string path = write_fixture(f, "atomic.swapnet");
+  std::string before = slurp(path);
+  // A tensor whose bytes cannot be provided fails the write; the old image stays whole and no
+  // temporary file is left behind.
+  Status s = write_image(path, make_fixture(3).info, [](std::size_t) -> const void* { return nullptr; });
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(slurp(path), before);
+  int partials = 0;
+  for (const auto& name : {std::string("atomic.swapnet")}) (void)name;
+  std::string cmd = "ls " + temp_dir() + " | grep -c partial";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(std::fscanf(p, "%d", &partials), 1);
+  ::pclose(p);
+  EXPECT_EQ(partials, 0);
+}
+
+// ---- block reader -------------------------------------------------------------------------
+
+class Reader : public ::testing::TestWithParam<int> {
+ protected:
+  ReaderOptions options() const {
+    ReaderOptions o;
+    o.request_bytes = 8192;  // small requests: many per read
+    o.queue_depth = 4;
+    o.allow_io_uring = GetParam() == 0;
+    o.allow_direct = GetParam() != 2;
+    return o;
+  }
+  IoBackend expected() const {
+    return GetParam() == 0 ? IoBackend::kIoUring : GetParam() == 1 ? IoBackend::kPreadDirect : IoBackend::kBuffered;
+  }
+  void SetUp() override {
+    fixture_ = make_fixture(6, 7);
+    path_ = write_fixture(fixture_, "reader" + std::to_string(GetParam()) + ".swapnet");
+    ASSERT_TRUE(read_image_info(path_, &info_).ok());
+    bytes_ = slurp(path_);
+  }
+  struct Buf {
+    explicit Buf(std::size_t n) : p(alloc_aligned(n)), size(n) { std::memset(p, 0xAB, n); }
+    ~Buf() { free_aligned(p); }
+    void* p;
+    std::size_t size;
+  };
+  std::vector<BlockReader::Check> checks() const {
+    std::vector<BlockReader::Check> c;
+    for (size_t k = 0; k < info_.layers.size(); ++k) {
+      const auto& L = info_.layers[k];
+      if (L.size) c.push_back({L.offset, L.size, L.checksum, "layer " + std::to_string(k)});
+    }
+    return c;
+  }
+  Fixture fixture_;
+  std::string path_;
+  ImageInfo info_;
+  std::string bytes_;
+};
+
+TEST_P(Reader, ReadsExactBytesWithChecksums) {
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());
+  EXPECT_EQ(r->backend(), expected());
+  Buf buf(info_.data_size);
+  Status s = r->read(info_.data_offset, info_.data_size, buf.p, checks());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(std::memcmp(buf.p, &bytes_[info_.data_offset], info_.data_size), 0);
+  EXPECT_EQ(r->bytes_read(), info_.data_size);
+}
+
+TEST_P(Reader, ManyReadsInFlightCompleteIndependently) {
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());
+  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<BlockReader::Ticket> tickets;
+  for (const auto& L : info_.layers) {
+    if (!L.size) continue;
+    bufs.push_back(std::make_unique<Buf>(L.size));
+    tickets.push_back(r->submit(L.offset, L.size, bufs.back()->p, {{L.offset, L.size, L.checksum, L.name}}));
+  }
+  for (size_t i = tickets.size(); i-- > 0;) {  // waited for in reverse order
+    Status s = r->wait(tickets[i]);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_FALSE(r->wait(tickets[0]).ok()) << "a ticket is waited for once";
+}
+
+TEST_P(Reader, WrongChecksumIsNamed) {
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());
+  const auto& L = info_.layers[3];
+  Buf buf(L.size);
+  Status s = r->read(L.offset, L.size, buf.p, {{L.offset, L.size, L.checksum ^ 1, "layer 3 (block3.conv)"}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checksum mismatch in layer 3 (block3.conv)"), std::string::npos) << s.message();
+}
+
+TEST_P(Reader, RetriesEintrAndEagainAndContinuesShortReads) {
+  ReaderOptions o = options();
+  int calls = 0, faults = 0;
+  o.fault = [&](std::uint64_t, std::size_t len, long res) -> long {
+    ++calls;
+    switch (calls % 4) {
+      case 1: ++faults; return -EINTR;
+      case 2: ++faults; return -EAGAIN;
+      case 3:
+        if (res == static_cast<long>(len) && len > 4096) {
+          ++faults;
+          return res - 4096;  // short by one page: the rest must be read again
+        }
+        return res;
+      default: return res;
+    }
+  };
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
+  Buf buf(info_.data_size);
+  Status s = r->read(info_.data_offset, info_.data_size, buf.p, checks());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_GT(faults, 10);
+  EXPECT_EQ(std::memcmp(buf.p, &bytes_[info_.data_offset], info_.data_size), 0);
+}
+
+TEST_P(Reader, IoErrorNamesPathOffsetLengthAndErrno) {
+  ReaderOptions o = options();
+  const std::uint64_t bad = info_.data_offset + 8192;
+  o.fault = [&](std::uint64_t off, std::size_t, long res) -> long { return off == bad ? -EIO : res; };
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
+  Buf buf(info_.data_size);
+  Status s = r->read(info_.data_offset, info_.data_size, buf.p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), EIO);
+  EXPECT_NE(s.message().find(path_ + ": read 8192 bytes at offset " + std::to_string(bad) +
+                             " failed: Input/output error (EIO)"),
+            std::string::npos)
+      << s.message();
+  // The reader stays usable after an error.
+  Buf one(4096);
+  EXPECT_TRUE(r->read(info_.data_offset, 4096, one.p).ok());
+}
+
+TEST_P(Reader, EndOfFileAndBadRequestsAreErrors) {
+  ReaderOptions o = options();
+  o.fault = [](std::uint64_t, std::size_t, long res) -> long { return res > 0 ? 0 : res; };
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
+  Buf buf(8192);
+  Status s = r->read(info_.data_offset, 8192, buf.p);
+  EXPECT_NE(s.message().find("unexpected end of file"), std::string::npos) << s.message();
+  std::unique_ptr<BlockReader> r2;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r2).ok());
+  s = r2->read(info_.data_offset + 1, 4096, buf.p);
+  EXPECT_NE(s.message().find("must be multiples of 4096"), std::string::npos) << s.message();
+  s = r2->read(info_.file_size, 4096, buf.p);
+  EXPECT_NE(s.message().find("beyond the end of the file"), std::string::npos) << s.message();
+}
+
+TEST_P(Reader, LeavesNoCopyInThePageCache) {
+  int fd = ::open(path_.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  std::uint64_t before = 0, after = 0;
+  ASSERT_TRUE(page_cache_bytes(path_, &before).ok());
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());
+  Buf buf(info_.data_size);
+  ASSERT_TRUE(r->read(info_.data_offset, info_.data_size, buf.p).ok());
+  ASSERT_TRUE(page_cache_bytes(path_, &after).ok());
+  EXPECT_LE(after, before + 4096) << "fetched " << info_.data_size << " bytes, cache grew by " << after - before;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Reader, ::testing::Values(0, 1, 2), [](const auto& i) {
+  return std::string(i.param == 0 ? "io_uring" : i.param == 1 ? "pread_direct" : "buffered");
+});
+
+TEST(ReaderOptions, RefusesBadSettings) {
+  std::unique_ptr<BlockReader> r;
+  ReaderOptions o;
+  o.request_bytes = 1000;
+  EXPECT_NE(BlockReader::open("/dev/null", o, &r).message().find("request size 1000"), std::string::npos);
+  EXPECT_NE(BlockReader::open("/nonexistent.swapnet", ReaderOptions{}, &r).message().find("No such file"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace swapnet
