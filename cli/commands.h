@@ -27,7 +27,7 @@ int check(const std::string& image, const Common& c);
 int info(const Common& c);
 
 struct BenchIoOptions {
-  int runs = 3;          // interleaved raw/fetch rounds; medians reported
+  int runs = 5;          // interleaved raw/fetch rounds after the sweep; medians reported
   int blocks = 8;        // the image's layers grouped into this many equal-byte blocks
   unsigned queue_depth = 0;       // reader queue depth; 0 = swapcore's default
   std::size_t request_bytes = 0;  // reader request size; 0 = swapcore's default

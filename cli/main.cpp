@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   auto* bench_io = bench->add_subcommand("io", "raw O_DIRECT read rate vs swapcore block fetch rate, in one run");
   bench_io->add_option("image", image, "swap image (.swapnet)")->required();
-  bench_io->add_option("--runs", bio.runs, "interleaved rounds; medians reported (default 3)");
+  bench_io->add_option("--runs", bio.runs, "interleaved raw/fetch rounds after the sweep; medians reported (default 5)");
   bench_io->add_option("--blocks", bio.blocks, "blocks the layers are grouped into (default 8)");
   bench_io->add_option("--queue-depth", bio.queue_depth, "block reader queue depth (default: swapcore's)");
   bench_io->add_option("--request-size", bio.request_bytes, "block reader request bytes (default: swapcore's)");

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
   libtorch-dev liburing-dev libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   libopenblas0-pthread

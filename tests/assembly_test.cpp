@@ -5,6 +5,8 @@
 #include <torch/script.h>
 
 #include <cstdlib>
+#include <cstdio>
+#include <unistd.h>
 #include <set>
 #include <string>
 
@@ -201,6 +203,63 @@ TEST(Skeleton, BadFilesAreRefusedByName) {
   std::string e = error_of([&] { sk.forward({torch::randn({1, 5, 64, 64})}); });
   EXPECT_NE(e.find("layer 0 (conv1"), std::string::npos) << e;
   EXPECT_NE(e.find("to have 3 channels"), std::string::npos) << e;
+}
+
+// The image path: pack, rebuild the skeleton from the image's metadata alone, fetch the bytes
+// with the block reader in several blocks, bind each block by reference, run.
+TEST(SkeletonImage, PackFetchBindIsBitIdentical) {
+  torch::jit::Module m;
+  Skeleton sk = load("resnet18", &m);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  sk.profile({x.clone()}, ProfileOptions{0, 1});
+  char dir[] = "/tmp/swapnet-assembly-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/resnet18.swapnet";
+  sk.pack(path, Skeleton::PackOptions{"1,3,64,64", nullptr});
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(path, &info).ok());
+  Skeleton img = Skeleton::from_image(info, path);
+  ASSERT_EQ(img.layers().size(), sk.layers().size());
+  for (size_t k = 0; k < sk.layers().size(); ++k) {
+    EXPECT_EQ(img.layers()[k].name, sk.layers()[k].name);
+    EXPECT_EQ(img.layers()[k].slots, sk.layers()[k].slots);
+    EXPECT_EQ(img.layers()[k].flops, sk.layers()[k].flops) << "profile facts travel in the image";
+  }
+  for (size_t s = 0; s < img.slots().size(); ++s) EXPECT_FALSE(img.slot(static_cast<int>(s)).defined());
+  EXPECT_NE(error_of([&] { img.forward({x.clone()}); }).find("which is not bound"), std::string::npos);
+
+  std::unique_ptr<BlockReader> reader;
+  ASSERT_TRUE(BlockReader::open(path, ReaderOptions{}, &reader).ok());
+  // Four blocks of consecutive layers, each fetched into its own buffer.
+  const int n = static_cast<int>(info.layers.size());
+  std::vector<void*> buffers;
+  for (int first = 0; first < n; first += (n + 3) / 4) {
+    int last = std::min(n, first + (n + 3) / 4) - 1;
+    std::uint64_t off = info.layers[first].offset;
+    std::uint64_t len = info.layers[last].offset + info.layers[last].size - off;
+    void* buf = alloc_aligned(len);
+    buffers.push_back(buf);
+    ASSERT_TRUE(reader->read(off, len, buf).ok());
+    img.bind_layers(first, last, buf, off);
+    EXPECT_EQ(img.slot(img.layers()[first].slots.empty() ? 0 : img.layers()[first].slots[0]).data_ptr(),
+              img.layers()[first].slots.empty() ? img.slot(0).data_ptr()
+                                                : static_cast<void*>(static_cast<char*>(buf) +
+                                                                     (info.tensors[img.layers()[first].slots[0]].offset - off)))
+        << "bound in place, not copied";
+  }
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    expected = m.forward({x.clone()});
+  }
+  Comparison c = compare_outputs(expected, img.forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << c.difference;
+  img.unbind_layers(0, n - 1);
+  for (void* b : buffers) free_aligned(b);
+  EXPECT_NE(error_of([&] { sk.bind_layers(0, 0, nullptr, 0); }).find("needs a skeleton made by from_image"),
+            std::string::npos);
+  std::remove(path.c_str());
+  ::rmdir(dir);
 }
 
 TEST(Compare, FindsTheFirstDifference) {
