@@ -139,6 +139,22 @@ double fetch_pass(BlockReader& reader, const std::vector<Block>& blocks, void* b
 
 }  // namespace
 
+double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end) {
+  constexpr std::size_t kRegion = 64u << 20;  // bytes the raw pass writes into, cyclically
+  char* region = static_cast<char*>(alloc_aligned(kRegion));
+  if (region == nullptr) throw Error("cannot allocate the raw baseline's buffer");
+  std::memset(region, 0, kRegion);
+  double mb_s = 0;
+  try {
+    mb_s = raw_pass(path, begin, end, 32, 256u << 10, region, kRegion);
+  } catch (...) {
+    free_aligned(region);
+    throw;
+  }
+  free_aligned(region);
+  return mb_s;
+}
+
 int bench_io(const std::string& path, const Common& c, const BenchIoOptions& o) {
   apply_common(c);
   ImageInfo info;

@@ -161,6 +161,7 @@ int inspect_image(const std::string& path, const Common& c) {
   j["file_bytes"] = info.file_size;
   j["data_bytes"] = info.data_size;
   j["skeleton_bytes"] = info.skeleton.size();
+  j["activation_bytes"] = info.activation_bytes;
   j["parameters"] = params;
   j["buffers"] = buffers;
   std::string head = path + ": swap image v" + std::to_string(info.version) + " of " + info.source + ", " +
@@ -315,6 +316,7 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
 
 int pack(const std::string& model, const std::string& out, const Common& c) {
   apply_common(c);
+  install_cpu_meter();
   auto t0 = Clock::now();
   Skeleton sk = Skeleton::load(model);
   auto inputs = make_inputs(c);
@@ -323,8 +325,16 @@ int pack(const std::string& model, const std::string& out, const Common& c) {
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (input shape " + join_shapes(c.input_shapes) + ")");
   }
-  Skeleton::PackOptions po;
+  PackOptions po;
   po.input_shapes = join_shapes(c.input_shapes);
+  {
+    // Activation bytes of the layered forward at the example input, for budget planning,
+    // measured as `swapnet run` measures them: the input copy included.
+    reset_cpu_meter_peak();
+    const std::uint64_t base = cpu_meter().current;
+    c10::IValue out = sk.forward(clone_inputs(inputs));
+    po.activation_bytes = cpu_meter().peak - base;
+  }
   const bool tty = ::isatty(2) != 0 && !c.json;
   int last_pct = -1;
   if (tty) {

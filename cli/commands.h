@@ -26,6 +26,23 @@ int pack(const std::string& model, const std::string& out, const Common& c);
 int check(const std::string& image, const Common& c);
 int info(const Common& c);
 
+struct RunOptions {
+  std::string budget;        // --budget SIZE (bytes, KiB/MiB/GiB)
+  int blocks = 0;            // --blocks N equal-byte blocks
+  std::string partition;     // --partition i,j,...: first layer of each block after the first
+  int iters = 5;             // timed inferences (after one warm-up)
+  std::string mode = "swapnet";  // swapnet | direct | naive
+  bool compare = false;      // every mode in its own process, interleaved
+  int rounds = 3;            // --compare rounds
+  bool check = false;        // compare outputs with direct inference bit for bit
+  std::string verify = "first";  // checksums: first fetch of each layer | always | never
+};
+int run(const std::string& image, const Common& c, const RunOptions& o);
+
+// The raw sequential O_DIRECT read rate of [begin, end) of a file (io_uring, 32 x 256 KiB,
+// registered buffers), in MB/s: the baseline every I/O figure is compared with.
+double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end);
+
 struct BenchIoOptions {
   int runs = 5;          // interleaved raw/fetch rounds after the sweep; medians reported
   int blocks = 8;        // the image's layers grouped into this many equal-byte blocks

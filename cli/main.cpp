@@ -3,6 +3,7 @@
 //   swapnet inspect MODEL.pt|IMAGE.swapnet [--input-shape S] [--json]  the model info table
 //   swapnet verify  MODEL.pt --input-shape S [--image IMAGE] [--json]  layered == forward, bit for bit
 //   swapnet pack    MODEL.pt -o IMAGE.swapnet --input-shape S           write a swap image
+//   swapnet run     IMAGE.swapnet --budget SIZE [--mode M] [--compare] [--check]  swapped inference
 //   swapnet check   IMAGE.swapnet                                       verify every checksum
 //   swapnet bench io IMAGE.swapnet [--json]                             disk rate vs block fetch rate
 //   swapnet info [--json]                                               build and device facts
@@ -59,6 +60,20 @@ int main(int argc, char** argv) {
   pack->add_option("-o,--output", out, "image to write (.swapnet)")->required();
   add_common(pack, common, true, true);
 
+  swapnet::cli::RunOptions ro;
+  auto* run = app.add_subcommand("run", "inference from a swap image within a memory budget");
+  run->add_option("image", image, "swap image (.swapnet)")->required();
+  run->add_option("--budget", ro.budget, "memory budget for the model: bytes or KiB/MiB/GiB");
+  run->add_option("--blocks", ro.blocks, "equal-byte blocks (default: the fewest that fit)");
+  run->add_option("--partition", ro.partition, "first layer of each block after the first, e.g. 40,90,150");
+  run->add_option("--iters", ro.iters, "timed inferences after one warm-up (default 5)");
+  run->add_option("--mode", ro.mode, "swapnet | direct | naive (default swapnet)");
+  run->add_flag("--compare", ro.compare, "run every mode in its own process, interleaved, and compare");
+  run->add_option("--rounds", ro.rounds, "--compare rounds (default 3)");
+  run->add_flag("--check", ro.check, "compare outputs with direct inference bit for bit");
+  run->add_option("--verify", ro.verify, "checksums of fetched layers: first (default: first fetch after start) | always | never");
+  add_common(run, common, true, false);
+
   auto* check = app.add_subcommand("check", "verify every layer checksum of a swap image");
   check->add_option("image", image, "swap image (.swapnet)")->required();
   add_common(check, common, false, false);
@@ -86,6 +101,7 @@ int main(int argc, char** argv) {
     if (*verify) return swapnet::cli::verify(model, common, runs < 1 ? 1 : runs, image);
     if (*pack) return swapnet::cli::pack(model, out, common);
     if (*check) return swapnet::cli::check(image, common);
+    if (*run) return swapnet::cli::run(image, common, ro);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);
   } catch (const std::exception& e) {

@@ -215,7 +215,9 @@ TEST(SkeletonImage, PackFetchBindIsBitIdentical) {
   char dir[] = "/tmp/swapnet-assembly-test-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/resnet18.swapnet";
-  sk.pack(path, Skeleton::PackOptions{"1,3,64,64", nullptr});
+  PackOptions po;
+  po.input_shapes = "1,3,64,64";
+  sk.pack(path, po);
   ImageInfo info;
   ASSERT_TRUE(read_image_info(path, &info).ok());
   Skeleton img = Skeleton::from_image(info, path);

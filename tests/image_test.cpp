@@ -168,10 +168,10 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   b[4096 + 5] ^= 1;
   expect(b, "metadata checksum mismatch");
   b = good;
-  std::uint32_t v2 = 2;
+  std::uint32_t v2 = 1;  // an image from an older build
   std::memcpy(&b[8], &v2, 4);
   reseal(b);
-  expect(b, "format version 2 is not supported");
+  expect(b, "format version 1 is not supported (this build reads version 2; re-pack the model)");
   expect(good.substr(0, good.size() - 4096), "truncated: file is");
   expect(good.substr(0, 100), "truncated: 100 bytes");
   // Absurd counts must be refused before anything is allocated.
@@ -188,9 +188,10 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   std::memcpy(&b[4088], &hs, 8);
   expect(b, "metadata size 1099511627776 exceeds the file");
   // Layer 0's offset pointing past the end of the file. Metadata layout: str source,
-  // str input_shapes, u32 num_inputs, then layer 0: str name, str ops, u64 offset.
+  // str input_shapes, u32 num_inputs, u64 activation_bytes, then layer 0: str name, str ops,
+  // u64 offset.
   b = good;
-  size_t pos = 4096 + 4 + f.info.source.size() + 4 + f.info.input_shapes.size() + 4 + 4 +
+  size_t pos = 4096 + 4 + f.info.source.size() + 4 + f.info.input_shapes.size() + 4 + 8 + 4 +
                f.info.layers[0].name.size() + 4 + f.info.layers[0].ops.size();
   std::uint64_t far = 1ull << 50;
   std::memcpy(&b[pos], &far, 8);

@@ -667,6 +667,7 @@ void Skeleton::pack(const std::string& path, const PackOptions& options) const {
   info.source = m.origin;
   info.input_shapes = options.input_shapes;
   info.num_inputs = static_cast<std::uint32_t>(m.num_inputs);
+  info.activation_bytes = options.activation_bytes;
   std::uint32_t next = 0;
   for (const auto& L : m.layers) {
     ImageLayer il;

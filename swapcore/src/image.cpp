@@ -9,12 +9,13 @@
 //   [data_offset, EOF)   parameter data: layer 0, layer 1, ... each starting on a 4 KiB
 //                        boundary and padded with zeros to the next one
 //
-// Header: magic "SWAPNET\0" (8) | u32 version = 1 | u32 header_bytes = 4096 | u64 alignment =
+// Header: magic "SWAPNET\0" (8) | u32 version = 2 | u32 header_bytes = 4096 | u64 alignment =
 // 4096 | u64 file_size | u64 meta_offset = 4096 | u64 meta_size | u64 meta_checksum | u64
 // data_offset | u64 data_size | u32 num_layers | u32 num_tensors | zeros ... | u64
 // header_checksum at byte 4088 = XXH3-64 of bytes [0, 4088).
 //
-// Metadata: str source | str input_shapes | u32 num_inputs | num_layers x layer | num_tensors x
+// Metadata: str source | str input_shapes | u32 num_inputs | u64 activation_bytes |
+// num_layers x layer | num_tensors x
 // tensor | blob skeleton, where str = u32 length + bytes, blob = u64 length + bytes,
 //   layer  = str name | str ops | u64 offset | u64 size | u64 data_bytes | u32 first_tensor |
 //            u32 num_tensors | u64 checksum | f64 flops | f64 time_ms | u64 live_bytes
@@ -43,7 +44,7 @@ namespace swapnet {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'W', 'A', 'P', 'N', 'E', 'T', '\0'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: activation_bytes in the metadata
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kHeaderChecksumAt = kHeaderBytes - 8;
 constexpr std::uint64_t kMaxMetaBytes = 256ull << 20;  // tables + skeleton; real ones are < 1 MiB
@@ -157,6 +158,7 @@ std::string meta_bytes(const ImageInfo& info) {
   w.str(info.source);
   w.str(info.input_shapes);
   w.u32(info.num_inputs);
+  w.u64(info.activation_bytes);
   for (const auto& L : info.layers) {
     w.str(L.name);
     w.str(L.ops);
@@ -269,7 +271,8 @@ Status parse_image(const std::uint8_t* data, std::size_t size, std::uint64_t fil
   info.data_offset = data_off;
   info.data_size = data_size;
   Reader r(meta, static_cast<std::size_t>(meta_size));
-  if (!r.str(&info.source) || !r.str(&info.input_shapes) || !r.u32(&info.num_inputs)) {
+  if (!r.str(&info.source) || !r.str(&info.input_shapes) || !r.u32(&info.num_inputs) ||
+      !r.u64(&info.activation_bytes)) {
     return bad("metadata truncated in the preamble");
   }
   info.layers.resize(num_layers);
@@ -357,6 +360,9 @@ Status read_image_info(const std::string& path, ImageInfo* out) {
     return Status::error(EINVAL, path + ": not a regular file");
   }
   const std::uint64_t fsize = static_cast<std::uint64_t>(st.st_size);
+  // Only the tables are read here, through the page cache: no readahead into the parameter
+  // data, and the pages are dropped afterwards (the image is otherwise read with O_DIRECT).
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   // Header first; it bounds how much metadata to read.
   std::string buf(static_cast<std::size_t>(std::min<std::uint64_t>(fsize, kHeaderBytes)), '\0');
   auto read_at = [&](std::size_t off, std::size_t n) -> bool {
@@ -385,6 +391,7 @@ Status read_image_info(const std::string& path, ImageInfo* out) {
       return s;
     }
   }
+  (void)::posix_fadvise(fd, 0, static_cast<off_t>(buf.size()), POSIX_FADV_DONTNEED);
   ::close(fd);
   return parse_image(reinterpret_cast<const std::uint8_t*>(buf.data()), buf.size(), fsize, path, out);
 }

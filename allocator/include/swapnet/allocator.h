@@ -3,9 +3,15 @@
 // This is the one place where CUDA is touched (the "CUDA shim"): everything above asks
 // cuda_device() and never writes #ifdef CUDA. On a machine without a driver or GPU the probe
 // reports "no device" with the reason, once, in the log; that is a normal state, not an error.
-// (The budgeted unified-memory arena arrives with issue #4.)
+//
+// Arena: one per model, reserved once. Blocks are placed with no allocation per swap: even
+// blocks from the low end, odd blocks from the high end, so two adjacent blocks fit exactly
+// when their sizes add up to at most the arena's size (Note [Two-ended arena] in arena.cpp).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "swapnet/swapcore.h"
@@ -24,5 +30,50 @@ struct DeviceInfo {
 
 // Probes CUDA once per process (thread-safe) and logs the outcome once at info level.
 SWAPNET_API const DeviceInfo& cuda_device();
+
+enum class MemoryKind { kManaged, kHost };  // cudaMallocManaged, or page-aligned host memory
+SWAPNET_API const char* to_string(MemoryKind k);
+
+// Bytes of memory this process holds through swapnet's allocator, process-wide.
+struct MemoryStats {
+  std::uint64_t current = 0;  // placed (in use) arena bytes now
+  std::uint64_t peak = 0;     // highest `current` since the last reset
+};
+SWAPNET_API MemoryStats memory_stats();
+SWAPNET_API void reset_memory_peak();
+
+class SWAPNET_API Arena {
+ public:
+  // Reserves `capacity` bytes of address space (managed memory when a usable GPU exists and
+  // `kind` allows it, else anonymous host memory, populated on touch). Throws Error with the
+  // size and the reason when the reservation fails.
+  static std::unique_ptr<Arena> create(std::uint64_t capacity, MemoryKind kind);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  MemoryKind kind() const { return kind_; }
+  std::uint64_t capacity() const { return capacity_; }
+  std::uint64_t budget() const { return budget_; }
+
+  // The usable size (<= capacity). Shrinking releases the physical pages beyond the new size
+  // (madvise DONTNEED; advisory: a failure warns once); growing needs no new reservation.
+  void set_budget(std::uint64_t bytes);
+
+  // Places a block of `bytes` at the low or high end (4 KiB aligned). Returns nullptr if it does
+  // not fit next to what is placed at the other end. Placing replaces the previous block at
+  // that end. Accounting follows (memory_stats()).
+  void* place(bool high, std::uint64_t bytes);
+  void release(bool high);  // the block at that end is no longer used (swap-out: no write-back)
+  std::uint64_t placed(bool high) const { return high ? high_ : low_; }
+  char* base() const { return base_; }
+
+ private:
+  Arena(char* base, std::uint64_t capacity, MemoryKind kind);
+  char* base_;
+  std::uint64_t capacity_, budget_;
+  std::uint64_t low_ = 0, high_ = 0;  // bytes placed at each end
+  MemoryKind kind_;
+};
 
 }  // namespace swapnet

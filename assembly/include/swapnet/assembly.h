@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "swapnet/allocator.h"
 #include "swapnet/swapcore.h"
 
 namespace torch {
@@ -70,6 +71,13 @@ struct ProfileOptions {
   int iters = 3;    // timed runs; per-layer time is their median
 };
 
+// How Skeleton::pack writes a swap image.
+struct PackOptions {
+  std::string input_shapes;  // the example input profile() used, recorded in the image
+  std::uint64_t activation_bytes = 0;  // peak activation bytes of forward at that input
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
+};
+
 // The layered skeleton of one module. Not copyable; movable. Running it is not thread-safe
 // (one inference at a time per Skeleton).
 class SWAPNET_API Skeleton {
@@ -95,10 +103,6 @@ class SWAPNET_API Skeleton {
   int num_buffers() const;
 
   // ---- swap images (format: swapcore.h, Note [Swap image format]) ----
-  struct PackOptions {
-    std::string input_shapes;  // the example input profile() used, recorded in the image
-    std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
-  };
   // Writes the model as a swap image: the layer table with the facts profile() measured, the
   // tensor table (slot i is tensor i), the weightless skeleton (kilobytes) and the bound slots'
   // bytes in layer order. Atomic: a crash never leaves a half image under `path`.
@@ -146,6 +150,76 @@ class SWAPNET_API Skeleton {
  private:
   struct Impl;
   explicit Skeleton(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- activation accounting ----
+// Counts libtorch's CPU allocations (activations, inputs, outputs) from install_cpu_meter() on,
+// process-wide, by wrapping the CPU allocator (c10::SetCPUAllocator). Weights bound by reference
+// are not allocations and are not counted.
+struct CpuMeterStats {
+  std::uint64_t current = 0;
+  std::uint64_t peak = 0;
+};
+SWAPNET_API void install_cpu_meter();
+SWAPNET_API CpuMeterStats cpu_meter();
+SWAPNET_API void reset_cpu_meter_peak();
+
+// ---- swapped execution ----
+struct ExecutorOptions {
+  std::uint64_t budget = 0;      // bytes for this model: block arena + activations + pinned slots
+  std::vector<int> partition;    // first layer of each block after the first; empty: by `blocks`
+  int blocks = 0;                // equal-byte blocks; 0: the fewest that fit the budget
+  // Checksums of fetched layers: the first fetch of each layer after open (default; a corrupt
+  // image fails the first inference), every fetch, or never. Every fetch costs ~20 % of
+  // latency when compute already uses every core (docs/executor.md).
+  enum class Verify { kFirst, kAlways, kNever } verify = Verify::kFirst;
+  ReaderOptions reader;          // block reader settings (swapcore defaults)
+  MemoryKind memory = MemoryKind::kManaged;  // falls back to host memory without a usable GPU
+};
+
+struct ExecutionPlan {
+  std::vector<std::pair<int, int>> blocks;  // [first, last] layers of each block
+  std::vector<std::uint64_t> block_bytes;   // aligned bytes of each block
+  std::uint64_t arena_bytes = 0;            // two-ended arena: max adjacent pair
+  std::uint64_t activation_bytes = 0;       // reserved for activations (measured at pack time)
+  std::uint64_t pinned_bytes = 0;           // slots read outside their block, kept resident
+  std::uint64_t min_budget = 0;             // smallest feasible budget for this image
+  bool resident = false;                    // one block: fetched once and kept
+};
+
+// The smallest budget any partition of the image can run in: the two largest adjacent layers,
+// plus activations and pinned slots.
+SWAPNET_API std::uint64_t min_budget(const ImageInfo& info);
+// Plans blocks for a budget (throws Error stating the minimum when the budget is too small, or
+// when a given partition does not fit).
+SWAPNET_API ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options);
+
+// Runs an image within a memory budget: block i+1 is fetched (O_DIRECT, into the arena's other
+// end) while block i executes; block i is released right after it executes. Outputs are
+// bit-identical to forward. One inference at a time.
+class SWAPNET_API Executor {
+ public:
+  struct Impl;
+  static std::unique_ptr<Executor> open(const std::string& image, const ExecutorOptions& options);
+  ~Executor();
+  // An I/O or checksum error fails this forward with the image, block and reason; the next
+  // forward starts clean.
+  c10::IValue forward(std::vector<c10::IValue> inputs);
+  // A new budget: re-plans (the fewest equal-byte blocks that fit) and takes effect now, between
+  // inferences. Shrinking releases the arena's physical pages past the new size; growing within
+  // the model's size needs no new arena. Throws (and keeps the old plan) if infeasible.
+  void set_budget(std::uint64_t bytes);
+  const ExecutionPlan& plan() const;
+  const ImageInfo& info() const;
+  const Skeleton& skeleton() const;
+  std::uint64_t bytes_read() const;      // by the block reader, since open
+  double bind_us_per_tensor() const;     // mean cost of binding one tensor by reference
+  IoBackend backend() const;
+  MemoryKind memory() const;
+
+ private:
+  explicit Executor(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -128,6 +128,7 @@ struct ImageInfo {
   std::uint64_t data_offset = 0;  // first layer's offset
   std::uint64_t data_size = 0;    // through the end of the last layer
   std::uint32_t num_inputs = 0;   // forward's inputs (without self)
+  std::uint64_t activation_bytes = 0;  // peak bytes forward allocated at the example input
   std::string input_shapes;       // the example input used when packing, e.g. "1,3,224,224"
   std::string source;             // the model file it was packed from
   std::vector<ImageLayer> layers;

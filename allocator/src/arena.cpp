@@ -1,0 +1,118 @@
+// The per-model budget arena and swapnet's memory accounting.
+//
+// Note [Two-ended arena]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The executor keeps at most two blocks in memory: block i executing and block i+1 arriving.
+// Placing even blocks at the low end and odd blocks at the high end means block i+1 never
+// overlaps block i as long as s_i + s_{i+1} <= budget, which is exactly the partition
+// constraint, and block i+2 reuses block i's end once block i has executed. Nothing is
+// allocated per swap; a block "swapped out" is just released (weights are never written back).
+// The arena is reserved once at the largest size the model may need (capacity) and used up to
+// its budget; shrinking drops the physical pages past the new budget.
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "swapnet/allocator.h"
+
+#if SWAPNET_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace swapnet {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;  // bytes
+
+std::atomic<std::uint64_t> g_current{0};
+std::atomic<std::uint64_t> g_peak{0};
+
+void account(std::int64_t delta) {
+  std::uint64_t now = g_current.fetch_add(static_cast<std::uint64_t>(delta)) + static_cast<std::uint64_t>(delta);
+  std::uint64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+const char* to_string(MemoryKind k) { return k == MemoryKind::kManaged ? "managed" : "host"; }
+
+MemoryStats memory_stats() { return MemoryStats{g_current.load(), g_peak.load()}; }
+void reset_memory_peak() { g_peak.store(g_current.load()); }
+
+std::unique_ptr<Arena> Arena::create(std::uint64_t capacity, MemoryKind kind) {
+  capacity = align_up(capacity);
+  if (capacity == 0) throw Error("arena: capacity must be positive");
+  if (kind == MemoryKind::kManaged && !cuda_device().usable) {
+    log_once(LogLevel::kInfo, "arena_host", "no usable CUDA device (" + cuda_device().reason +
+                                                "): block memory is page-aligned host memory");
+    kind = MemoryKind::kHost;
+  }
+  char* base = nullptr;
+#if SWAPNET_WITH_CUDA
+  if (kind == MemoryKind::kManaged) {
+    void* p = nullptr;
+    cudaError_t err = cudaMallocManaged(&p, capacity, cudaMemAttachGlobal);
+    if (err != cudaSuccess) {
+      throw Error("arena: cudaMallocManaged(" + std::to_string(capacity) + " bytes) failed: " + cudaGetErrorString(err));
+    }
+    base = static_cast<char*>(p);
+  }
+#endif
+  if (base == nullptr) {
+    kind = MemoryKind::kHost;
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error("arena: reserving " + std::to_string(capacity) + " bytes failed: " + std::strerror(errno));
+    }
+    base = static_cast<char*>(p);
+  }
+  return std::unique_ptr<Arena>(new Arena(base, capacity, kind));
+}
+
+Arena::Arena(char* base, std::uint64_t capacity, MemoryKind kind)
+    : base_(base), capacity_(capacity), budget_(capacity), kind_(kind) {}
+
+Arena::~Arena() {
+  account(-static_cast<std::int64_t>(low_ + high_));
+#if SWAPNET_WITH_CUDA
+  if (kind_ == MemoryKind::kManaged) {
+    cudaFree(base_);
+    return;
+  }
+#endif
+  ::munmap(base_, capacity_);
+}
+
+void Arena::set_budget(std::uint64_t bytes) {
+  bytes = std::min(align_up(bytes), capacity_);
+  if (bytes < budget_ && kind_ == MemoryKind::kHost) {
+    if (::madvise(base_ + bytes, capacity_ - bytes, MADV_DONTNEED) != 0) {
+      log_once(LogLevel::kWarn, "arena_madvise", std::string("arena: madvise(DONTNEED) failed: ") + std::strerror(errno));
+    }
+  }
+  budget_ = bytes;
+}
+
+void* Arena::place(bool high, std::uint64_t bytes) {
+  bytes = align_up(bytes);
+  const std::uint64_t other = high ? low_ : high_;
+  if (bytes > budget_ || other > budget_ - bytes) return nullptr;
+  std::uint64_t& mine = high ? high_ : low_;
+  account(static_cast<std::int64_t>(bytes) - static_cast<std::int64_t>(mine));
+  mine = bytes;
+  return high ? base_ + budget_ - bytes : base_;
+}
+
+void Arena::release(bool high) {
+  std::uint64_t& mine = high ? high_ : low_;
+  account(-static_cast<std::int64_t>(mine));
+  mine = 0;
+}
+
+}  // namespace swapnet

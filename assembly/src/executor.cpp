@@ -1,0 +1,434 @@
+// Swapped execution within a budget: plan blocks, fetch block i+1 while block i runs, bind by
+// reference, release after use. Also the CPU allocation meter used to account activations.
+//
+// Budget accounting (ExecutionPlan): budget = arena + activations + pinned slots, where
+//  - arena: the two-ended block arena (Note [Two-ended arena]), sized to the largest pair of
+//    adjacent blocks, so block i+1 can arrive while block i executes;
+//  - activations: the peak bytes forward allocated at the image's example input (measured by
+//    the CPU meter when packing);
+//  - pinned: slots read by a layer outside the block that owns them (shared weights); they are
+//    read once at open and stay resident, so a released block never leaves a dangling view.
+#include <ATen/Functions.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "swapnet/assembly.h"
+
+namespace swapnet {
+
+// ---- CPU meter --------------------------------------------------------------------------
+
+namespace {
+
+std::atomic<std::uint64_t> g_cpu_current{0};
+std::atomic<std::uint64_t> g_cpu_peak{0};
+
+// Each allocation carries its size in a 64-byte header (which keeps the 64-byte alignment
+// libtorch expects), so the raw deleter (used by oneDNN through raw_allocate) can count frees.
+constexpr std::size_t kHeader = 64;  // bytes
+
+void meter_free(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  std::size_t bytes = 0;
+  std::memcpy(&bytes, base, sizeof bytes);
+  g_cpu_current.fetch_sub(bytes);
+  c10::free_cpu(base);
+}
+
+class MeterAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t n) const override {
+    if (n == 0) return c10::DataPtr(nullptr, nullptr, &meter_free, c10::Device(c10::DeviceType::CPU));
+    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    std::memcpy(base, &n, sizeof n);
+    std::uint64_t now = g_cpu_current.fetch_add(n) + n;
+    std::uint64_t peak = g_cpu_peak.load();
+    while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
+    }
+    void* data = base + kHeader;
+    return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &meter_free; }
+};
+
+}  // namespace
+
+void install_cpu_meter() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static MeterAllocator meter;
+    c10::SetCPUAllocator(&meter, /*priority=*/1);
+  });
+}
+
+CpuMeterStats cpu_meter() { return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load()}; }
+void reset_cpu_meter_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+
+// ---- planning -------------------------------------------------------------------------------
+
+namespace {
+
+// Slots read by some layer outside [first, last] of the block owning them, for a partition.
+std::uint64_t pinned_bytes(const ImageInfo& info, const Skeleton& sk, const std::vector<int>& block_of_layer,
+                           std::vector<int>* pinned) {
+  std::uint64_t bytes = 0;
+  for (size_t s = 0; s < sk.slots().size(); ++s) {
+    const SlotInfo& sl = sk.slots()[s];
+    bool outside = false;
+    for (int k : sl.used_by) outside |= block_of_layer[k] != block_of_layer[sl.layer];
+    if (outside) {
+      bytes += (info.tensors[s].nbytes + 63) / 64 * 64;
+      if (pinned) pinned->push_back(static_cast<int>(s));
+    }
+  }
+  return bytes;
+}
+
+// n blocks of consecutive layers with about equal bytes (every block at least one layer).
+std::vector<std::pair<int, int>> equal_bytes(const ImageInfo& info, int n) {
+  std::vector<std::pair<int, int>> blocks;
+  const int L = static_cast<int>(info.layers.size());
+  n = std::max(1, std::min(n, L));
+  const double target = static_cast<double>(info.data_size) / n;
+  int first = 0;
+  double acc = 0;
+  for (int k = 0; k < L; ++k) {
+    acc += static_cast<double>(info.layers[k].size);
+    const int blocks_after = n - static_cast<int>(blocks.size()) - 1;  // still to open after this one
+    const int layers_after = L - k - 1;
+    const bool must = blocks_after > 0 && layers_after == blocks_after;  // one layer each from here
+    const bool want = blocks_after > 0 && acc >= target * static_cast<double>(blocks.size() + 1);
+    if (k == L - 1 || must || want) {
+      blocks.emplace_back(first, k);
+      first = k + 1;
+    }
+  }
+  return blocks;
+}
+
+std::vector<std::pair<int, int>> from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std::string& origin) {
+  std::vector<std::pair<int, int>> blocks;
+  int first = 0;
+  const int L = static_cast<int>(info.layers.size());
+  for (int c : cuts) {
+    if (c <= first || c >= L) {
+      throw Error(origin + ": partition point " + std::to_string(c) + " must be increasing and within 1.." +
+                  std::to_string(L - 1));
+    }
+    blocks.emplace_back(first, c - 1);
+    first = c;
+  }
+  blocks.emplace_back(first, L - 1);
+  return blocks;
+}
+
+ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, std::vector<std::pair<int, int>> blocks) {
+  ExecutionPlan p;
+  p.blocks = std::move(blocks);
+  std::vector<int> block_of_layer(info.layers.size());
+  for (size_t b = 0; b < p.blocks.size(); ++b) {
+    std::uint64_t bytes = 0;
+    for (int k = p.blocks[b].first; k <= p.blocks[b].second; ++k) {
+      block_of_layer[k] = static_cast<int>(b);
+      bytes += info.layers[k].size;
+    }
+    p.block_bytes.push_back(bytes);
+  }
+  p.resident = p.blocks.size() == 1;
+  p.arena_bytes = p.block_bytes[0];
+  for (size_t b = 0; b + 1 < p.blocks.size(); ++b) {
+    p.arena_bytes = std::max(p.arena_bytes, p.block_bytes[b] + p.block_bytes[b + 1]);
+  }
+  p.activation_bytes = info.activation_bytes;
+  p.pinned_bytes = pinned_bytes(info, sk, block_of_layer, nullptr);
+  return p;
+}
+
+std::uint64_t total(const ExecutionPlan& p) { return p.arena_bytes + p.activation_bytes + p.pinned_bytes; }
+
+std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk) {
+  std::vector<std::pair<int, int>> finest;
+  for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
+  if (finest.empty()) return info.activation_bytes;
+  ExecutionPlan p = finish_plan(info, sk, finest);
+  // The finest partition minimises the largest adjacent pair; one block may still be smaller
+  // (a one- or two-layer model).
+  ExecutionPlan one = finish_plan(info, sk, {{0, static_cast<int>(info.layers.size()) - 1}});
+  return std::min(total(p), total(one));
+}
+
+ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
+  const std::uint64_t minimum = min_budget_for(info, sk);
+  auto too_small = [&](const std::string& what) {
+    return Error(origin + ": budget " + std::to_string(o.budget) + " bytes (" + format_bytes(o.budget) + ") " + what +
+                 "; the minimum for this model is " + std::to_string(minimum) + " bytes (" + format_bytes(minimum) +
+                 ": the two largest adjacent layers + " + format_bytes(info.activation_bytes) + " of activations)");
+  };
+  if (info.layers.empty()) throw Error(origin + ": the image has no layers");
+  if (!o.partition.empty() || o.blocks > 0) {
+    ExecutionPlan p = finish_plan(info, sk, o.partition.empty() ? equal_bytes(info, o.blocks)
+                                                                : from_cuts(info, o.partition, origin));
+    p.min_budget = minimum;
+    if (total(p) > o.budget) {
+      throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
+                      format_bytes(total(p)) + ")");
+    }
+    return p;
+  }
+  if (o.budget < minimum) throw too_small("is below the minimum");
+  // The fewest equal-byte blocks whose adjacent pairs fit: fewer blocks, fewer boundaries.
+  for (int n = 1; n <= static_cast<int>(info.layers.size()); ++n) {
+    ExecutionPlan p = finish_plan(info, sk, equal_bytes(info, n));
+    if (total(p) <= o.budget) {
+      p.min_budget = minimum;
+      return p;
+    }
+  }
+  ExecutionPlan p = finish_plan(info, sk, [&] {
+    std::vector<std::pair<int, int>> finest;
+    for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
+    return finest;
+  }());
+  p.min_budget = minimum;
+  return p;
+}
+
+}  // namespace
+
+std::uint64_t min_budget(const ImageInfo& info) {
+  return min_budget_for(info, Skeleton::from_image(info, info.source));
+}
+
+ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
+  return plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
+}
+
+// ---- the executor -------------------------------------------------------------------------
+
+struct Executor::Impl {
+  std::string path;
+  ImageInfo info;
+  Skeleton sk;
+  ExecutorOptions opt;
+  ExecutionPlan plan;
+  std::unique_ptr<BlockReader> reader;
+  std::unique_ptr<Arena> arena;
+  std::vector<int> pinned;            // slot indices kept resident
+  void* pinned_buf = nullptr;
+  std::vector<at::Tensor> pinned_views;
+  std::vector<bool> verified;  // per layer: its checksum has passed once since open
+  double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
+  std::uint64_t bound = 0;      // tensors bound by it
+  bool resident_loaded = false;
+
+  // The checks block b's fetch must make under the verify policy.
+  std::vector<BlockReader::Check> checks_for(size_t b) const {
+    std::vector<BlockReader::Check> c;
+    if (opt.verify == ExecutorOptions::Verify::kNever) return c;
+    for (int k = plan.blocks[b].first; k <= plan.blocks[b].second; ++k) {
+      const ImageLayer& L = info.layers[k];
+      if (L.size == 0 || (opt.verify == ExecutorOptions::Verify::kFirst && verified[k])) continue;
+      c.push_back({L.offset, L.size, L.checksum, "layer " + std::to_string(k) + " (" + L.name + ")"});
+    }
+    return c;
+  }
+  void mark_verified(size_t b) {
+    for (int k = plan.blocks[b].first; k <= plan.blocks[b].second; ++k) verified[k] = true;
+  }
+
+  Impl(std::string p, ImageInfo i, Skeleton s) : path(std::move(p)), info(std::move(i)), sk(std::move(s)) {}
+  ~Impl() { free_aligned(pinned_buf); }
+
+  void rebind_pinned() {
+    for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
+  }
+
+  std::uint64_t offset(size_t b) const { return info.layers[plan.blocks[b].first].offset; }
+};
+
+Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Executor::~Executor() = default;
+
+// Makes `p` the plan in force: sizes the arena (within its reservation, or a new one), and
+// reads the slots this partition must keep resident. Called between inferences only.
+void adopt(Executor::Impl& m, ExecutionPlan p);
+
+std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
+  ImageInfo info;
+  read_image_info(image, &info).throw_if_error();
+  Skeleton sk = Skeleton::from_image(info, image);
+  auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk));
+  Impl& m = *impl;
+  m.opt = options;
+  ExecutionPlan p = plan_for(m.info, m.sk, options, image);
+  BlockReader::open(image, options.reader, &m.reader).throw_if_error();
+  // Host memory: reserve address space for the whole model once (MAP_NORESERVE costs nothing
+  // until touched), so a larger budget later needs no new arena. Managed memory: the plan's size.
+  const bool host = options.memory == MemoryKind::kHost || !cuda_device().usable;
+  m.arena = Arena::create(std::max<std::uint64_t>(host ? std::max(p.arena_bytes, m.info.data_size) : p.arena_bytes,
+                                                  kImageAlign),
+                          options.memory);
+  m.verified.assign(m.info.layers.size(), false);
+  adopt(m, std::move(p));
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+void adopt(Executor::Impl& m, ExecutionPlan p) {
+  m.arena->release(false);  // a resident block of the old plan
+  m.arena->release(true);
+  if (p.arena_bytes > m.arena->capacity()) {
+    m.arena.reset();
+    m.arena = Arena::create(p.arena_bytes, m.opt.memory);
+  }
+  m.arena->set_budget(std::max<std::uint64_t>(p.arena_bytes, kImageAlign));  // shrinking drops pages
+  // io_uring fixed buffers pin the pages they cover when registered: register exactly the
+  // budget (not the reservation, which would pin the whole model), and again after every
+  // change, since pages dropped by a shrink would otherwise stay pinned and stale.
+  m.reader->register_buffers({{m.arena->base(), m.arena->budget()}});
+  m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+  m.resident_loaded = false;
+  m.plan = std::move(p);
+  // Pinned slots: read once, each from its own layer's range, into one resident buffer.
+  m.pinned.clear();
+  m.pinned_views.clear();
+  free_aligned(m.pinned_buf);
+  m.pinned_buf = nullptr;
+  std::vector<int> block_of_layer(m.info.layers.size());
+  for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
+    for (int k = m.plan.blocks[b].first; k <= m.plan.blocks[b].second; ++k) block_of_layer[k] = static_cast<int>(b);
+  }
+  pinned_bytes(m.info, m.sk, block_of_layer, &m.pinned);
+  if (!m.pinned.empty()) {
+    std::uint64_t need = 0;
+    std::vector<std::uint64_t> at;
+    for (int s : m.pinned) {
+      at.push_back(need);
+      need += (m.info.tensors[s].nbytes + 63) / 64 * 64;
+    }
+    m.pinned_buf = alloc_aligned(need);
+    std::uint64_t scratch_len = 0;
+    for (int s : m.pinned) scratch_len = std::max(scratch_len, m.info.layers[m.info.tensors[s].layer].size);
+    void* scratch = alloc_aligned(scratch_len);
+    if (m.pinned_buf == nullptr || scratch == nullptr) {
+      free_aligned(scratch);
+      throw Error(m.path + ": cannot allocate " + format_bytes(need) + " for shared weights");
+    }
+    for (size_t i = 0; i < m.pinned.size(); ++i) {
+      const ImageTensor& t = m.info.tensors[m.pinned[i]];
+      const ImageLayer& L = m.info.layers[t.layer];
+      Status s = m.reader->read(L.offset, L.size, scratch, {{L.offset, L.size, L.checksum, "layer " +
+                                                             std::to_string(t.layer) + " (" + L.name + ")"}});
+      if (!s.ok()) {
+        free_aligned(scratch);
+        throw Error(s.message());
+      }
+      char* dst = static_cast<char*>(m.pinned_buf) + at[i];
+      std::memcpy(dst, static_cast<char*>(scratch) + (t.offset - L.offset), t.nbytes);
+      const SlotInfo& sl = m.sk.slots()[m.pinned[i]];
+      m.pinned_views.push_back(at::from_blob(dst, sl.sizes, sl.strides, at::TensorOptions().dtype(sl.dtype)));
+    }
+    free_aligned(scratch);
+    m.rebind_pinned();
+  }
+  log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks, arena " +
+                           format_bytes(m.plan.arena_bytes) + " (" + to_string(m.arena->kind()) + "), activations " +
+                           format_bytes(m.plan.activation_bytes) + ", pinned " + format_bytes(m.plan.pinned_bytes));
+}
+
+void Executor::set_budget(std::uint64_t bytes) {
+  ExecutorOptions o = impl_->opt;
+  o.budget = bytes;
+  o.partition.clear();
+  o.blocks = 0;
+  ExecutionPlan p = plan_for(impl_->info, impl_->sk, o, impl_->path);  // throws if infeasible: nothing changes
+  impl_->opt = o;
+  adopt(*impl_, std::move(p));
+}
+
+c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
+  Impl& m = *impl_;
+  const size_t n = m.plan.blocks.size();
+  Skeleton::Run run = m.sk.begin(std::move(inputs));
+  if (m.plan.resident) {
+    if (!m.resident_loaded) {
+      void* p = m.arena->place(false, m.plan.block_bytes[0]);
+      Status s = m.reader->read(m.offset(0), m.plan.block_bytes[0], p, m.checks_for(0));
+      if (!s.ok()) {
+        m.arena->release(false);
+        throw Error(s.message());
+      }
+      m.mark_verified(0);
+      m.sk.bind_layers(m.plan.blocks[0].first, m.plan.blocks[0].second, p, m.offset(0));
+      m.rebind_pinned();
+      m.resident_loaded = true;
+    }
+    m.sk.run_layers(run, static_cast<int>(m.info.layers.size()));
+    return m.sk.finish(run);
+  }
+  // Two blocks in flight: block b at arena end b % 2 (Note [Two-ended arena]).
+  BlockReader::Ticket pending = 0;
+  auto submit = [&](size_t b) {
+    void* p = m.arena->place(b % 2 == 1, m.plan.block_bytes[b]);
+    if (p == nullptr) {
+      throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
+    }
+    pending = m.reader->submit(m.offset(b), m.plan.block_bytes[b], p, m.checks_for(b));
+    return p;
+  };
+  // On any error: wait for the read in flight (it writes into the arena), release everything,
+  // unbind, so the next forward starts clean.
+  auto cleanup = [&] {
+    if (pending) m.reader->wait(pending);
+    pending = 0;
+    m.arena->release(false);
+    m.arena->release(true);
+    m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+    m.rebind_pinned();
+  };
+  try {
+    void* cur = submit(0);
+    for (size_t b = 0; b < n; ++b) {
+      Status s = m.reader->wait(pending);
+      pending = 0;
+      if (!s.ok()) throw Error(s.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
+      m.mark_verified(b);
+      const auto [first, last] = m.plan.blocks[b];
+      auto t0 = std::chrono::steady_clock::now();
+      m.sk.bind_layers(first, last, cur, m.offset(b));
+      m.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (int k = first; k <= last; ++k) m.bound += m.sk.layers()[k].slots.size();
+      m.rebind_pinned();
+      void* next = b + 1 < n ? submit(b + 1) : nullptr;
+      m.sk.run_layers(run, last + 1);
+      m.sk.unbind_layers(first, last);  // swap-out: drop the views, release the arena end
+      m.rebind_pinned();
+      m.arena->release(b % 2 == 1);
+      cur = next;
+    }
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  return m.sk.finish(run);
+}
+
+const ExecutionPlan& Executor::plan() const { return impl_->plan; }
+const ImageInfo& Executor::info() const { return impl_->info; }
+const Skeleton& Executor::skeleton() const { return impl_->sk; }
+std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
+double Executor::bind_us_per_tensor() const {
+  return impl_->bound ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound) : 0.0;
+}
+IoBackend Executor::backend() const { return impl_->reader->backend(); }
+MemoryKind Executor::memory() const { return impl_->arena->kind(); }
+
+}  // namespace swapnet

@@ -1,0 +1,408 @@
+// swapnet run: inference from a swap image within a memory budget, in one of three modes:
+//   swapnet  blocks fetched with O_DIRECT into the two-ended arena while the previous block
+//            runs, bound by reference (the design);
+//   direct   the whole model read once into memory, then in-memory inference (the paper's DInf);
+//   naive    the standard path, for ablation: buffered read of each block, a full copy into
+//            freshly allocated "dummy" tensors, no overlap between I/O and compute.
+// --check compares every output with direct inference bit for bit. --compare runs each mode in
+// its own process (so each one's memory is its own), rounds interleaved, and prints ratios.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/script.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "swapnet/allocator.h"
+#include "swapnet/assembly.h"
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace cli {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+std::uint64_t vm_hwm_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, sep)) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes) {
+  *shapes = c.input_shapes.empty() ? split(info.input_shapes, ' ') : c.input_shapes;
+  if (shapes->empty()) throw Error("the image records no example input: give --input-shape");
+  torch::manual_seed(c.seed);
+  std::vector<c10::IValue> in;
+  for (const auto& s : *shapes) in.emplace_back(torch::randn(parse_shape(s)));
+  return in;
+}
+
+std::vector<c10::IValue> clones(const std::vector<c10::IValue>& in) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : in) out.emplace_back(v.toTensor().clone());
+  return out;
+}
+
+void drop_page_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// The whole model in memory (direct mode and --check's reference): the image's data read once.
+struct InMemory {
+  Skeleton sk;
+  void* data = nullptr;
+  InMemory(const std::string& path, const ImageInfo& info) : sk(Skeleton::from_image(info, path)) {
+    std::unique_ptr<BlockReader> r;
+    BlockReader::open(path, ReaderOptions{}, &r).throw_if_error();
+    data = alloc_aligned(info.data_size);
+    if (data == nullptr) throw Error(path + ": cannot allocate " + format_bytes(info.data_size));
+    Status s = r->read(info.data_offset, info.data_size, data);
+    if (!s.ok()) {
+      free_aligned(data);
+      throw Error(s.message());
+    }
+    sk.bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+  }
+  ~InMemory() { free_aligned(data); }
+};
+
+// The naive path: per block, buffered read into a fresh buffer, copy into freshly allocated
+// tensors (the "dummy model" being filled), bind, run, free. No overlap.
+c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo& info, const ExecutionPlan& plan,
+                          std::vector<c10::IValue> inputs, std::uint64_t* bytes_read) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  Skeleton::Run run = sk.begin(std::move(inputs));
+  for (const auto& [first, last] : plan.blocks) {
+    const std::uint64_t off = info.layers[first].offset;
+    const std::uint64_t len = info.layers[last].offset + info.layers[last].size - off;
+    std::vector<char> buf(len);
+    std::uint64_t done = 0;
+    while (done < len) {
+      ssize_t n = ::pread(fd, buf.data() + done, len - done, static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(fd);
+        throw Error(path + ": naive read failed at offset " + std::to_string(off + done));
+      }
+      done += static_cast<std::uint64_t>(n);
+    }
+    *bytes_read += len;
+    for (int k = first; k <= last; ++k) {
+      for (int s : sk.layers()[k].slots) {
+        const SlotInfo& sl = sk.slots()[s];
+        at::Tensor dummy = at::empty_strided(sl.sizes, sl.strides, at::TensorOptions().dtype(sl.dtype));
+        at::Tensor src = at::from_blob(buf.data() + (info.tensors[s].offset - off), sl.sizes, sl.strides,
+                                       at::TensorOptions().dtype(sl.dtype));
+        std::memcpy(dummy.data_ptr(), src.data_ptr(), info.tensors[s].nbytes);  // same strides: the span
+        sk.bind_slot(s, dummy);
+      }
+    }
+    sk.run_layers(run, last + 1);
+    for (int k = first; k <= last; ++k) {
+      for (int s : sk.layers()[k].slots) {
+        const auto& users = sk.slots()[s].used_by;
+        if (users.empty() || users.back() <= last) sk.unbind_slot(s);  // shared weights stay for later blocks
+      }
+    }
+  }
+  ::close(fd);
+  return sk.finish(run);
+}
+
+json run_one(const std::string& path, const Common& c, const RunOptions& o) {
+  install_cpu_meter();
+  ImageInfo info;
+  read_image_info(path, &info).throw_if_error();
+  std::vector<std::string> shapes;
+  auto inputs = inputs_for(c, info, &shapes);
+  ExecutorOptions eo;
+  eo.budget = o.budget.empty() ? 0 : parse_size(o.budget);
+  eo.blocks = o.blocks;
+  for (const auto& p : split(o.partition, ',')) eo.partition.push_back(std::stoi(p));
+  if (o.verify == "first") eo.verify = ExecutorOptions::Verify::kFirst;
+  else if (o.verify == "always") eo.verify = ExecutorOptions::Verify::kAlways;
+  else if (o.verify == "never") eo.verify = ExecutorOptions::Verify::kNever;
+  else throw Error("--verify '" + o.verify + "' is not one of first|always|never");
+  if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
+  if (o.mode == "direct") eo.budget = UINT64_MAX / 4;
+
+  drop_page_cache(path);
+  std::uint64_t cache_before = 0, cache_after = 0;
+  page_cache_bytes(path, &cache_before).throw_if_error();
+  const double raw = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
+
+  std::vector<double> lat;
+  std::vector<c10::IValue> outs;
+  std::uint64_t read_before = 0, read_after = 0, arena_peak = 0, act_peak = 0, pinned = 0, arena_bytes = 0;
+  json plan_json;
+  std::string backend = "-", memory = "host";
+  double bind_us = 0;
+  const int iters = std::max(1, o.iters);
+  auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes) {
+    fwd();  // warm-up (lazy initialisation), not timed
+    reset_memory_peak();
+    read_before = bytes();
+    for (int i = 0; i < iters; ++i) {
+      // Per inference: outputs kept from earlier iterations (for --check) are not its memory.
+      reset_cpu_meter_peak();
+      const std::uint64_t base = cpu_meter().current;
+      auto t0 = Clock::now();
+      c10::IValue out = fwd();
+      lat.push_back(ms_since(t0));
+      act_peak = std::max(act_peak, cpu_meter().peak - base);
+      if (o.check && outs.size() < 3) outs.push_back(out);
+    }
+    read_after = bytes();
+    arena_peak = memory_stats().peak;
+  };
+  std::uint64_t naive_read = 0;
+  if (o.mode == "swapnet") {
+    auto ex = Executor::open(path, eo);
+    const ExecutionPlan& p = ex->plan();
+    pinned = p.pinned_bytes;
+    arena_bytes = p.arena_bytes;
+    for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
+    backend = to_string(ex->backend());
+    memory = to_string(ex->memory());
+    measure([&] { return ex->forward(clones(inputs)); }, [&] { return ex->bytes_read(); });
+    bind_us = ex->bind_us_per_tensor();
+  } else if (o.mode == "naive") {
+    ExecutionPlan p = plan_execution(info, eo);
+    Skeleton sk = Skeleton::from_image(info, path);
+    for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
+    backend = "buffered_copy";
+    measure([&] { return naive_forward(sk, path, info, p, clones(inputs), &naive_read); },
+            [&] { return naive_read; });
+  } else if (o.mode == "direct") {
+    InMemory direct(path, info);
+    plan_json.push_back({0, static_cast<int>(info.layers.size()) - 1});
+    arena_bytes = info.data_size;
+    measure([&] { return direct.sk.forward(clones(inputs)); }, [] { return std::uint64_t{0}; });
+    arena_peak = info.data_size;  // all weights resident
+  } else {
+    throw Error("--mode '" + o.mode + "' is not one of swapnet|direct|naive");
+  }
+  const std::uint64_t rss = vm_hwm_bytes();
+  page_cache_bytes(path, &cache_after).throw_if_error();
+
+  json j;
+  j["image"] = path;
+  j["mode"] = o.mode;
+  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(eo.budget);
+  j["blocks"] = plan_json;
+  j["num_blocks"] = plan_json.size();
+  j["input_shapes"] = shapes;
+  j["iters"] = iters;
+  j["threads"] = at::get_num_threads();
+  j["latency_ms"] = {{"median", percentile(lat, 0.5)}, {"p90", percentile(lat, 0.9)}, {"all", lat}};
+  j["peak_model_bytes"] = arena_peak + act_peak + pinned;
+  j["arena_bytes"] = arena_bytes;
+  j["activation_peak_bytes"] = act_peak;
+  j["pinned_bytes"] = pinned;
+  j["peak_rss_bytes"] = rss;
+  j["page_cache_growth_bytes"] = static_cast<std::int64_t>(cache_after) - static_cast<std::int64_t>(cache_before);
+  const double per_inf = static_cast<double>(read_after - read_before) / iters;
+  j["bytes_read_per_inference"] = per_inf;
+  j["raw_io_mb_s"] = raw;
+  j["io_bound_ms"] = per_inf / (raw * 1e3);
+  j["backend"] = backend;
+  j["memory"] = memory;
+  j["verify"] = o.verify;
+  if (o.mode == "swapnet") j["bind_us_per_tensor"] = bind_us;
+  if (o.check) {
+    // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
+    InMemory direct(path, info);
+    c10::IValue ref = direct.sk.forward(clones(inputs));
+    bool equal = true;
+    std::string diff;
+    for (const auto& out : outs) {
+      Comparison cmp = compare_outputs(ref, out);
+      if (!cmp.equal && equal) diff = cmp.difference;
+      equal = equal && cmp.equal;
+    }
+    j["equal"] = equal;
+    if (!equal) j["difference"] = diff;
+  }
+  return j;
+}
+
+// Runs `swapnet run ... --mode MODE --json` as a child process and parses its JSON.
+json run_child(const std::string& self, const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(self.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(self.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw Error("child run (" + args[3] + ") failed with status " + std::to_string(WEXITSTATUS(status)));
+  }
+  return json::parse(out);
+}
+
+}  // namespace
+
+int run(const std::string& path, const Common& c, const RunOptions& o) {
+  apply_common(c);
+  if (!o.compare) {
+    json j = run_one(path, c, o);
+    if (c.json) {
+      std::cout << j.dump() << "\n";
+    } else {
+      std::printf("%s: mode %s, budget %s, %zu blocks (%s, %s memory), %d iterations\n", path.c_str(), o.mode.c_str(),
+                  o.budget.empty() ? "-" : o.budget.c_str(), j["blocks"].size(), j["backend"].get<std::string>().c_str(),
+                  j["memory"].get<std::string>().c_str(), j["iters"].get<int>());
+      std::printf("latency %.1f ms median, %.1f ms p90; io_bound %.1f ms (%.0f MB read at %.0f MB/s raw)\n",
+                  j["latency_ms"]["median"].get<double>(), j["latency_ms"]["p90"].get<double>(),
+                  j["io_bound_ms"].get<double>(), j["bytes_read_per_inference"].get<double>() / 1e6,
+                  j["raw_io_mb_s"].get<double>());
+      std::printf("peak model memory %s (arena %s, activations %s, pinned %s); peak RSS %s; page cache growth %lld B\n",
+                  format_bytes(j["peak_model_bytes"].get<std::uint64_t>()).c_str(),
+                  format_bytes(j["arena_bytes"].get<std::uint64_t>()).c_str(),
+                  format_bytes(j["activation_peak_bytes"].get<std::uint64_t>()).c_str(),
+                  format_bytes(j["pinned_bytes"].get<std::uint64_t>()).c_str(),
+                  format_bytes(j["peak_rss_bytes"].get<std::uint64_t>()).c_str(),
+                  static_cast<long long>(j["page_cache_growth_bytes"].get<std::int64_t>()));
+      if (j.contains("equal")) {
+        std::printf("outputs %s direct inference\n", j["equal"].get<bool>() ? "bit-identical to" : "DIFFER from");
+      }
+    }
+    return j.contains("equal") && !j["equal"].get<bool>() ? 1 : 0;
+  }
+  // --compare: each mode in its own process, rounds interleaved.
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw Error("cannot find this executable (/proc/self/exe)");
+  self[n] = '\0';
+  std::vector<std::string> modes = {"direct", "swapnet", "naive"};
+  std::map<std::string, std::vector<json>> results;
+  for (int r = 0; r < std::max(1, o.rounds); ++r) {
+    for (const auto& mode : modes) {
+      std::vector<std::string> args = {"run", path, "--mode", mode, "--json", "--iters", std::to_string(o.iters),
+                                       "--threads", std::to_string(at::get_num_threads()), "--seed",
+                                       std::to_string(c.seed)};
+      if (!o.budget.empty()) args.insert(args.end(), {"--budget", o.budget});
+      if (o.blocks) args.insert(args.end(), {"--blocks", std::to_string(o.blocks)});
+      if (!o.partition.empty()) args.insert(args.end(), {"--partition", o.partition});
+      if (o.check && mode != "direct") args.push_back("--check");
+      args.insert(args.end(), {"--verify", o.verify});
+      for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});
+      results[mode].push_back(run_child(self, args));
+    }
+  }
+  auto med = [&](const std::string& mode, const char* key, const char* sub = nullptr) {
+    std::vector<double> v;
+    for (const auto& j : results[mode]) v.push_back(sub ? j[key][sub].get<double>() : j[key].get<double>());
+    return percentile(v, 0.5);
+  };
+  json j = results["swapnet"].back();
+  j["rounds"] = o.rounds;
+  j["latency_ms"]["median"] = med("swapnet", "latency_ms", "median");
+  j["latency_ms"]["p90"] = med("swapnet", "latency_ms", "p90");
+  j["io_bound_ms"] = med("swapnet", "io_bound_ms");
+  j["raw_io_mb_s"] = med("swapnet", "raw_io_mb_s");
+  std::uint64_t peak_model = 0, peak_rss = 0;
+  bool equal = true;
+  for (const auto& r : results["swapnet"]) {
+    peak_model = std::max(peak_model, r["peak_model_bytes"].get<std::uint64_t>());
+    peak_rss = std::max(peak_rss, r["peak_rss_bytes"].get<std::uint64_t>());
+    if (r.contains("equal")) equal = equal && r["equal"].get<bool>();
+  }
+  j["peak_model_bytes"] = peak_model;
+  j["peak_rss_bytes"] = peak_rss;
+  if (o.check) j["equal"] = equal;
+  const double direct_ms = med("direct", "latency_ms", "median");
+  const double naive_ms = med("naive", "latency_ms", "median");
+  j["direct"] = {{"latency_ms", {{"median", direct_ms}, {"p90", med("direct", "latency_ms", "p90")}}},
+                 {"peak_model_bytes", results["direct"].back()["peak_model_bytes"]},
+                 {"peak_rss_bytes", results["direct"].back()["peak_rss_bytes"]}};
+  j["naive"] = {{"latency_ms", {{"median", naive_ms}}},
+                {"peak_rss_bytes", results["naive"].back()["peak_rss_bytes"]},
+                {"page_cache_growth_bytes", results["naive"].back()["page_cache_growth_bytes"]}};
+  j["ratio_vs_direct"] = j["latency_ms"]["median"].get<double>() / direct_ms;
+  j["ratio_vs_bound"] = j["latency_ms"]["median"].get<double>() / std::max(direct_ms, j["io_bound_ms"].get<double>());
+  j["naive_ratio"] = naive_ms / j["latency_ms"]["median"].get<double>();
+  if (c.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("%s at budget %s, %zu blocks, %d rounds x %d iterations, each mode in its own process (medians)\n",
+                path.c_str(), o.budget.c_str(), j["blocks"].size(), o.rounds, o.iters);
+    std::printf("%-8s %12s %18s %14s\n", "mode", "latency ms", "peak model bytes", "peak RSS");
+    std::printf("%-8s %12.1f %18s %14s\n", "direct", direct_ms,
+                format_bytes(j["direct"]["peak_model_bytes"].get<std::uint64_t>()).c_str(),
+                format_bytes(j["direct"]["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+    std::printf("%-8s %12.1f %18s %14s\n", "swapnet", j["latency_ms"]["median"].get<double>(),
+                format_bytes(peak_model).c_str(), format_bytes(peak_rss).c_str());
+    std::printf("%-8s %12.1f %18s %14s\n", "naive", naive_ms, "-",
+                format_bytes(j["naive"]["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+    std::printf("swapnet / direct = %.3f; swapnet / max(direct, io_bound %.1f ms) = %.3f; naive / swapnet = %.2f\n",
+                j["ratio_vs_direct"].get<double>(), j["io_bound_ms"].get<double>(), j["ratio_vs_bound"].get<double>(),
+                j["naive_ratio"].get<double>());
+    if (o.check) std::printf("outputs %s direct inference\n", equal ? "bit-identical to" : "DIFFER from");
+  }
+  return o.check && !equal ? 1 : 0;
+}
+
+}  // namespace cli
+}  // namespace swapnet

@@ -1,0 +1,191 @@
+// Tests of swapnet::Executor (assembly.h): swapped inference within a budget is bit-identical
+// to in-memory inference, plans fit their budgets, shared weights stay resident, and errors
+// (budget too small, I/O failure, wrong input) are clear and leave the executor usable.
+#include <gtest/gtest.h>
+
+#include <torch/script.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
+
+#include "swapnet/assembly.h"
+
+namespace swapnet {
+namespace {
+
+std::string model(const std::string& name) {
+  const char* dir = std::getenv("SWAPNET_MODELS");
+  return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
+}
+
+// Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
+std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
+  install_cpu_meter();
+  Skeleton sk = Skeleton::load(model(name), m);
+  torch::manual_seed(1);
+  at::Tensor x = torch::randn(shape);
+  sk.profile({x}, ProfileOptions{0, 1});
+  PackOptions po;
+  reset_cpu_meter_peak();
+  std::uint64_t base = cpu_meter().current;
+  sk.forward({x.clone()});  // the input copy counts, as in swapnet pack
+  po.activation_bytes = cpu_meter().peak - base;
+  static std::string dir = [] {
+    char t[] = "/tmp/swapnet-executor-test-XXXXXX";
+    return std::string(::mkdtemp(t));
+  }();
+  std::string path = dir + "/" + name + ".swapnet";
+  sk.pack(path, po);
+  return path;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
+  c10::InferenceMode guard;
+  return m.forward({x.clone()});
+}
+
+TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
+  torch::jit::Module m;
+  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  ExecutorOptions o;
+  o.budget = std::max(info.data_size / 3, min_budget(info));
+  auto ex = Executor::open(img, o);
+  const ExecutionPlan& p = ex->plan();
+  EXPECT_GT(p.blocks.size(), 2u);
+  EXPECT_LE(p.arena_bytes + p.activation_bytes + p.pinned_bytes, o.budget);
+  for (size_t b = 0; b + 1 < p.blocks.size(); ++b) {
+    EXPECT_EQ(p.blocks[b].second + 1, p.blocks[b + 1].first) << "blocks tile the layers";
+    EXPECT_LE(p.block_bytes[b] + p.block_bytes[b + 1], p.arena_bytes);
+  }
+  torch::manual_seed(2);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  c10::IValue expected = reference(m, x);
+  reset_memory_peak();
+  for (int i = 0; i < 2; ++i) {
+    Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+    EXPECT_TRUE(c.equal) << c.difference;
+  }
+  EXPECT_LE(memory_stats().peak, p.arena_bytes) << "never more than the arena placed";
+  EXPECT_EQ(ex->bytes_read(), 2 * info.data_size) << "every block read once per inference";
+}
+
+TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {
+  torch::jit::Module m;
+  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  ExecutorOptions o;
+  o.budget = info.data_size * 2;  // everything fits: one resident block
+  auto ex = Executor::open(img, o);
+  EXPECT_TRUE(ex->plan().resident);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  c10::IValue expected = reference(m, x);
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+  const std::uint64_t small = std::max(info.data_size / 4, min_budget(info));
+  ex->set_budget(small);
+  EXPECT_FALSE(ex->plan().resident);
+  EXPECT_LE(ex->plan().arena_bytes + ex->plan().activation_bytes + ex->plan().pinned_bytes, small);
+  reset_memory_peak();
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+  EXPECT_LE(memory_stats().peak, ex->plan().arena_bytes);
+  EXPECT_THROW(ex->set_budget(1024), Error);
+  EXPECT_LE(ex->plan().arena_bytes + ex->plan().activation_bytes, small) << "a refused budget keeps the old plan";
+  ex->set_budget(info.data_size / 2 + min_budget(info));
+  Comparison grown = compare_outputs(expected, ex->forward({x.clone()}));
+  EXPECT_TRUE(grown.equal) << grown.difference << " max " << grown.max_abs_diff << " blocks " << ex->plan().blocks.size();
+  EXPECT_GT(ex->bind_us_per_tensor(), 0);
+  EXPECT_LT(ex->bind_us_per_tensor(), 50) << "binding by reference is microseconds, not the paper's 50 us";
+}
+
+TEST(Executor, SharedWeightsArePinnedAcrossBlocks) {
+  torch::jit::Module m;
+  std::string img = pack("synthetic", {2, 3, 16, 16}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  ExecutorOptions o;
+  o.budget = 1ull << 30;
+  o.blocks = static_cast<int>(info.layers.size());  // one layer per block: shared.weight crosses
+  auto ex = Executor::open(img, o);
+  EXPECT_GT(ex->plan().pinned_bytes, 0u);
+  at::Tensor x = torch::randn({2, 3, 16, 16});
+  Comparison c = compare_outputs(reference(m, x), ex->forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << c.difference;
+  // Dict and tuple outputs survive too (synthetic returns (tensor, {str: tensor})).
+}
+
+TEST(Executor, BudgetBelowTheMinimumStatesTheMinimum) {
+  torch::jit::Module m;
+  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  ExecutorOptions o;
+  o.budget = 1 << 20;
+  std::string e = error_of([&] { Executor::open(img, o); });
+  EXPECT_NE(e.find("is below the minimum"), std::string::npos) << e;
+  EXPECT_NE(e.find("the minimum for this model is " + std::to_string(min_budget(info)) + " bytes"), std::string::npos) << e;
+  o.budget = 1ull << 30;
+  o.partition = {5, 3};
+  EXPECT_NE(error_of([&] { Executor::open(img, o); }).find("partition point 3 must be increasing"), std::string::npos);
+}
+
+TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
+  torch::jit::Module m;
+  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  bool fail = false;
+  ExecutorOptions o;
+  o.budget = std::max(info.data_size / 2, min_budget(info));
+  o.reader.fault = [&](std::uint64_t, std::size_t, long res) -> long { return fail ? -EIO : res; };
+  auto ex = Executor::open(img, o);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  fail = true;
+  std::string e = error_of([&] { ex->forward({x.clone()}); });
+  EXPECT_NE(e.find(img + ": read"), std::string::npos) << e;
+  EXPECT_NE(e.find("Input/output error (EIO) (block 0 of"), std::string::npos) << e;
+  fail = false;
+  Comparison c = compare_outputs(reference(m, x), ex->forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << c.difference;
+  e = error_of([&] { ex->forward({torch::randn({1, 5, 64, 64})}); });
+  EXPECT_NE(e.find("to have 3 channels"), std::string::npos) << e;
+  c = compare_outputs(reference(m, x), ex->forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << "usable after a failed forward: " << c.difference;
+}
+
+TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
+  torch::jit::Module m;
+  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
+  ImageInfo info;
+  ASSERT_TRUE(read_image_info(img, &info).ok());
+  {
+    FILE* f = std::fopen(img.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, static_cast<long>(info.layers[10].offset + 8), SEEK_SET);
+    int c = std::fgetc(f);
+    std::fseek(f, -1, SEEK_CUR);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+  }
+  ExecutorOptions o;
+  o.budget = std::max(info.data_size / 2, min_budget(info));
+  auto ex = Executor::open(img, o);
+  std::string e = error_of([&] { ex->forward({torch::randn({1, 3, 64, 64})}); });
+  EXPECT_NE(e.find("checksum mismatch in layer 10 (" + info.layers[10].name + ")"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace swapnet

@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""`swapnet run` end to end for one model: pack, then run at a third of the model's bytes (or
+its minimum budget, if larger) with --check: outputs bit-identical to direct inference, peak
+model memory within the budget, no page-cache growth beyond 1 MiB, more than one block; a
+budget below the minimum is refused with the minimum stated; --mode naive and direct work.
+
+  run_cli_test.py SWAPNET_CLI MODEL.pt INPUT_SHAPE WORKDIR
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+
+def run(*args):
+    p = subprocess.run(list(args), capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def main() -> int:
+    cli, model, shape, work = sys.argv[1:5]
+    name = os.path.splitext(os.path.basename(model))[0]
+    os.makedirs(work, exist_ok=True)
+    img = os.path.join(work, name + ".swapnet")
+    failures = []
+
+    def expect(cond, what):
+        if not cond:
+            failures.append(what)
+            print("FAIL:", what, file=sys.stderr)
+
+    rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape)
+    if rc != 0:
+        print(err, file=sys.stderr)
+        return 1
+    info = json.loads(run(cli, "inspect", img, "--json")[1])
+    # Ask for a budget that is surely too small to learn the minimum from the message.
+    rc, out, err = run(cli, "run", img, "--budget", "4096", "--iters", "1")
+    m = re.search(r"the minimum for this model is (\d+) bytes", err)
+    expect(rc == 2 and m is not None, f"tiny budget: exit {rc}, {err!r}")
+    minimum = int(m.group(1)) if m else 0
+    budget = max(info["data_bytes"] // 3, minimum)
+    rc, out, err = run(cli, "run", img, "--budget", str(budget), "--check", "--iters", "2", "--json")
+    expect(rc == 0, f"run --check exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        print(json.dumps({k: j[k] for k in ("budget_bytes", "num_blocks", "peak_model_bytes", "latency_ms",
+                                             "page_cache_growth_bytes", "bytes_read_per_inference", "equal")}))
+        expect(j["equal"] is True, "outputs differ from direct inference")
+        expect(j["peak_model_bytes"] <= budget, f"peak {j['peak_model_bytes']} > budget {budget}")
+        expect(j["page_cache_growth_bytes"] < (1 << 20), f"page cache grew {j['page_cache_growth_bytes']}")
+        expect(j["num_blocks"] >= 2 or budget >= info["data_bytes"], "expected swapping at a third")
+    for mode in ("naive", "direct"):
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--mode", mode, "--iters", "1", "--json")
+        expect(rc == 0, f"--mode {mode}: exit {rc}: {err}")
+    print(f"{name}: budget {budget}, minimum {minimum}, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
