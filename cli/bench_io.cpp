@@ -31,14 +31,8 @@ namespace cli {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+double seconds_since(Clock::time_point t0) { return ms_since(t0) / 1e3; }
 
 // (a) One sequential pass over [begin, end) with `qd` requests of `req` bytes in flight, into a
 // destination region of `dest_bytes` (the same memory the fetch writes: two block buffers), so

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "inputs.h"
 #include "swapnet/allocator.h"
 #include "swapnet/assembly.h"
 #include "swapnet/swapcore.h"
@@ -26,23 +27,10 @@ namespace cli {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 std::vector<c10::IValue> make_inputs(const Common& c) {
   if (c.input_shapes.empty()) throw Error("--input-shape is required (e.g. --input-shape 1,3,224,224)");
-  torch::manual_seed(c.seed);
-  std::vector<c10::IValue> in;
-  for (const auto& s : c.input_shapes) in.emplace_back(torch::randn(parse_shape(s)));
-  return in;
-}
-
-// Inputs are cloned for every run: a model may modify its input in place.
-std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in) {
-  std::vector<c10::IValue> out;
-  for (const auto& v : in) out.emplace_back(v.toTensor().clone());
-  return out;
+  return random_inputs(c.input_shapes, c.seed);
 }
 
 std::string join_shapes(const std::vector<std::string>& s) {
@@ -51,10 +39,6 @@ std::string join_shapes(const std::vector<std::string>& s) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // One row of the model info table, from a skeleton or from an image's layer table.
 struct Row {
@@ -171,6 +155,19 @@ int inspect_image(const std::string& path, const Common& c) {
 }
 
 }  // namespace
+
+std::vector<c10::IValue> random_inputs(const std::vector<std::string>& shapes, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<c10::IValue> in;
+  for (const auto& s : shapes) in.emplace_back(torch::randn(parse_shape(s)));
+  return in;
+}
+
+std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in) {
+  std::vector<c10::IValue> out;
+  for (const auto& v : in) out.emplace_back(v.toTensor().clone());
+  return out;
+}
 
 void apply_common(const Common& c) {
   set_log_level(parse_log_level(c.log_level));

@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "inputs.h"
 #include "swapnet/allocator.h"
 #include "swapnet/assembly.h"
 #include "swapnet/swapcore.h"
@@ -37,16 +38,6 @@ namespace cli {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
-}
 
 std::uint64_t vm_hwm_bytes() {
   std::ifstream f("/proc/self/status");
@@ -70,16 +61,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes) {
   *shapes = c.input_shapes.empty() ? split(info.input_shapes, ' ') : c.input_shapes;
   if (shapes->empty()) throw Error("the image records no example input: give --input-shape");
-  torch::manual_seed(c.seed);
-  std::vector<c10::IValue> in;
-  for (const auto& s : *shapes) in.emplace_back(torch::randn(parse_shape(s)));
-  return in;
-}
-
-std::vector<c10::IValue> clones(const std::vector<c10::IValue>& in) {
-  std::vector<c10::IValue> out;
-  for (const auto& v : in) out.emplace_back(v.toTensor().clone());
-  return out;
+  return random_inputs(*shapes, c.seed);
 }
 
 void drop_page_cache(const std::string& path) {
@@ -208,20 +190,20 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
-    measure([&] { return ex->forward(clones(inputs)); }, [&] { return ex->bytes_read(); });
+    measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_read(); });
     bind_us = ex->bind_us_per_tensor();
   } else if (o.mode == "naive") {
     ExecutionPlan p = plan_execution(info, eo);
     Skeleton sk = Skeleton::from_image(info, path);
     for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
     backend = "buffered_copy";
-    measure([&] { return naive_forward(sk, path, info, p, clones(inputs), &naive_read); },
+    measure([&] { return naive_forward(sk, path, info, p, clone_inputs(inputs), &naive_read); },
             [&] { return naive_read; });
   } else if (o.mode == "direct") {
     InMemory direct(path, info);
     plan_json.push_back({0, static_cast<int>(info.layers.size()) - 1});
     arena_bytes = info.data_size;
-    measure([&] { return direct.sk.forward(clones(inputs)); }, [] { return std::uint64_t{0}; });
+    measure([&] { return direct.sk.forward(clone_inputs(inputs)); }, [] { return std::uint64_t{0}; });
     arena_peak = info.data_size;  // all weights resident
   } else {
     throw Error("--mode '" + o.mode + "' is not one of swapnet|direct|naive");
@@ -256,7 +238,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
     InMemory direct(path, info);
-    c10::IValue ref = direct.sk.forward(clones(inputs));
+    c10::IValue ref = direct.sk.forward(clone_inputs(inputs));
     bool equal = true;
     std::string diff;
     for (const auto& out : outs) {

@@ -2,6 +2,9 @@
 // verdict (outputs differ, a checksum fails), 2 an error (thrown as swapnet::Error).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,6 +21,19 @@ struct Common {
 };
 
 void apply_common(const Common& c);  // log level and thread count
+
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+// The q-quantile (nearest rank) of samples; 0 for none. median(v) = percentile(v, 0.5).
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(i == 0 ? 0 : i - 1, v.size() - 1)];
+}
+inline double median(const std::vector<double>& v) { return percentile(v, 0.5); }
 bool is_image(const std::string& path);  // starts with the swap image magic
 
 int inspect(const std::string& path, const Common& c, int iters);

@@ -11,26 +11,16 @@
 #include <string>
 
 #include "swapnet/assembly.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace {
 
-std::string model(const std::string& name) {
-  const char* dir = std::getenv("SWAPNET_MODELS");
-  return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
-}
+using test_util::error_of;
+using test_util::model;
 
 // Loads a model or fails the test with the reason (a missing model is a broken setup, not a skip).
 Skeleton load(const std::string& name, torch::jit::Module* m = nullptr) { return Skeleton::load(model(name), m); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 class SmallModels : public ::testing::TestWithParam<std::pair<std::string, std::vector<int64_t>>> {};
 

@@ -12,14 +12,13 @@
 #include <unistd.h>
 
 #include "swapnet/assembly.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace {
 
-std::string model(const std::string& name) {
-  const char* dir = std::getenv("SWAPNET_MODELS");
-  return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
-}
+using test_util::error_of;
+using test_util::model;
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
 std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
@@ -40,15 +39,6 @@ std::string pack(const std::string& name, const std::vector<int64_t>& shape, tor
   std::string path = dir + "/" + name + ".swapnet";
   sk.pack(path, po);
   return path;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {

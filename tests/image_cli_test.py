@@ -9,13 +9,9 @@ check and inspect fail with "truncated" -> packing into a missing directory fail
 import json
 import os
 import shutil
-import subprocess
 import sys
 
-
-def run(*args):
-    p = subprocess.run(list(args), capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+from cli_test_util import Checks, run
 
 
 def main() -> int:
@@ -23,12 +19,8 @@ def main() -> int:
     name = os.path.splitext(os.path.basename(model))[0]
     os.makedirs(work, exist_ok=True)
     img = os.path.join(work, name + ".swapnet")
-    failures = []
-
-    def expect(cond, what):
-        if not cond:
-            failures.append(what)
-            print("FAIL:", what, file=sys.stderr)
+    checks = Checks()
+    expect = checks.expect
 
     rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape, "--json")
     expect(rc == 0, f"pack exit {rc}: {err}")
@@ -81,8 +73,7 @@ def main() -> int:
 
     for p in (bad, trunc):
         os.unlink(p)
-    print(f"{name}: {len(failures)} failures")
-    return 1 if failures else 0
+    return checks.exit_status(name)
 
 
 if __name__ == "__main__":

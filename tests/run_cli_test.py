@@ -9,13 +9,9 @@ budget below the minimum is refused with the minimum stated; --mode naive and di
 import json
 import os
 import re
-import subprocess
 import sys
 
-
-def run(*args):
-    p = subprocess.run(list(args), capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+from cli_test_util import Checks, run
 
 
 def main() -> int:
@@ -23,12 +19,8 @@ def main() -> int:
     name = os.path.splitext(os.path.basename(model))[0]
     os.makedirs(work, exist_ok=True)
     img = os.path.join(work, name + ".swapnet")
-    failures = []
-
-    def expect(cond, what):
-        if not cond:
-            failures.append(what)
-            print("FAIL:", what, file=sys.stderr)
+    checks = Checks()
+    expect = checks.expect
 
     rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape)
     if rc != 0:
@@ -54,8 +46,8 @@ def main() -> int:
     for mode in ("naive", "direct"):
         rc, out, err = run(cli, "run", img, "--budget", str(budget), "--mode", mode, "--iters", "1", "--json")
         expect(rc == 0, f"--mode {mode}: exit {rc}: {err}")
-    print(f"{name}: budget {budget}, minimum {minimum}, {len(failures)} failures")
-    return 1 if failures else 0
+    print(f"{name}: budget {budget}, minimum {minimum}")
+    return checks.exit_status(name)
 
 
 if __name__ == "__main__":
