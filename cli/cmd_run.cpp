@@ -145,6 +145,13 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   eo.budget = o.budget.empty() ? 0 : parse_size(o.budget);
   eo.blocks = o.blocks;
   for (const auto& p : split(o.partition, ',')) eo.partition.push_back(std::stoi(p));
+  double predicted_ms = 0;
+  if (o.plan == "optimal" && o.mode != "direct" && eo.partition.empty() && !o.budget.empty()) {
+    eo.partition = optimal_cuts(path, info, parse_size(o.budget), &predicted_ms);
+    if (eo.partition.empty()) eo.blocks = 1;  // one resident block is best (or nothing fits)
+  } else if (o.plan != "equal" && o.plan != "optimal") {
+    throw Error("--plan '" + o.plan + "' is not one of equal|optimal");
+  }
   if (o.verify == "first") eo.verify = ExecutorOptions::Verify::kFirst;
   else if (o.verify == "always") eo.verify = ExecutorOptions::Verify::kAlways;
   else if (o.verify == "never") eo.verify = ExecutorOptions::Verify::kNever;
@@ -234,6 +241,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   j["backend"] = backend;
   j["memory"] = memory;
   j["verify"] = o.verify;
+  j["plan"] = o.plan;
+  if (predicted_ms > 0) j["predicted_ms"] = predicted_ms;
   if (o.mode == "swapnet") j["bind_us_per_tensor"] = bind_us;
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
@@ -328,7 +337,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (o.blocks) args.insert(args.end(), {"--blocks", std::to_string(o.blocks)});
       if (!o.partition.empty()) args.insert(args.end(), {"--partition", o.partition});
       if (o.check && mode != "direct") args.push_back("--check");
-      args.insert(args.end(), {"--verify", o.verify});
+      args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});
       results[mode].push_back(run_child(self, args));
     }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "swapnet/swapcore.h"
+
 namespace swapnet {
 namespace cli {
 
@@ -52,8 +54,14 @@ struct RunOptions {
   int rounds = 3;            // --compare rounds
   bool check = false;        // compare outputs with direct inference bit for bit
   std::string verify = "first";  // checksums: first fetch of each layer | always | never
+  std::string plan = "equal";    // equal: fewest equal-byte blocks | optimal: partitioner's DP
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
+int plan(const std::string& image, const Common& c, const std::string& budget);
+// The partitioner's optimal cut points (first layer of each block after the first) for an image
+// at a budget, with its predicted latency; empty when one resident block is best.
+std::vector<int> optimal_cuts(const std::string& image, const ImageInfo& info, std::uint64_t budget,
+                              double* predicted_ms);
 
 // The raw sequential O_DIRECT read rate of [begin, end) of a file (io_uring, 32 x 256 KiB,
 // registered buffers), in MB/s: the baseline every I/O figure is compared with.

@@ -72,7 +72,14 @@ int main(int argc, char** argv) {
   run->add_option("--rounds", ro.rounds, "--compare rounds (default 3)");
   run->add_flag("--check", ro.check, "compare outputs with direct inference bit for bit");
   run->add_option("--verify", ro.verify, "checksums of fetched layers: first (default: first fetch after start) | always | never");
+  run->add_option("--plan", ro.plan, "equal (fewest equal-byte blocks, default) | optimal (the partitioner's DP)");
   add_common(run, common, true, false);
+
+  std::string budget;
+  auto* plan = app.add_subcommand("plan", "the optimal partition of an image for a budget");
+  plan->add_option("image", image, "swap image (.swapnet)")->required();
+  plan->add_option("--budget", budget, "memory budget: bytes or KiB/MiB/GiB")->required();
+  add_common(plan, common, false, false);
 
   auto* check = app.add_subcommand("check", "verify every layer checksum of a swap image");
   check->add_option("image", image, "swap image (.swapnet)")->required();
@@ -102,6 +109,7 @@ int main(int argc, char** argv) {
     if (*pack) return swapnet::cli::pack(model, out, common);
     if (*check) return swapnet::cli::check(image, common);
     if (*run) return swapnet::cli::run(image, common, ro);
+    if (*plan) return swapnet::cli::plan(image, common, budget);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);
   } catch (const std::exception& e) {
