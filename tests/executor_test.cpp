@@ -41,16 +41,30 @@ std::string pack(const std::string& name, const std::vector<int64_t>& shape, tor
   return path;
 }
 
+// A packed model: the module (for reference outputs), its image and the image's tables.
+struct Packed {
+  torch::jit::Module m;
+  std::string img;
+  ImageInfo info;
+};
+Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
+  Packed p;
+  p.img = pack(name, shape, &p.m);
+  Status s = read_image_info(p.img, &p.info);
+  if (!s.ok()) throw Error(s.message());
+  return p;
+}
+
 c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
   c10::InferenceMode guard;
   return m.forward({x.clone()});
 }
 
 TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
-  torch::jit::Module m;
-  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   ExecutorOptions o;
   o.budget = std::max(info.data_size / 3, min_budget(info));
   auto ex = Executor::open(img, o);
@@ -74,10 +88,10 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
 }
 
 TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {
-  torch::jit::Module m;
-  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   ExecutorOptions o;
   o.budget = info.data_size * 2;  // everything fits: one resident block
   auto ex = Executor::open(img, o);
@@ -102,10 +116,10 @@ TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {
 }
 
 TEST(Executor, SharedWeightsArePinnedAcrossBlocks) {
-  torch::jit::Module m;
-  std::string img = pack("synthetic", {2, 3, 16, 16}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("synthetic", {2, 3, 16, 16});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   ExecutorOptions o;
   o.budget = 1ull << 30;
   o.blocks = static_cast<int>(info.layers.size());  // one layer per block: shared.weight crosses
@@ -118,10 +132,10 @@ TEST(Executor, SharedWeightsArePinnedAcrossBlocks) {
 }
 
 TEST(Executor, BudgetBelowTheMinimumStatesTheMinimum) {
-  torch::jit::Module m;
-  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   ExecutorOptions o;
   o.budget = 1 << 20;
   std::string e = error_of([&] { Executor::open(img, o); });
@@ -133,10 +147,10 @@ TEST(Executor, BudgetBelowTheMinimumStatesTheMinimum) {
 }
 
 TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
-  torch::jit::Module m;
-  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   bool fail = false;
   ExecutorOptions o;
   o.budget = std::max(info.data_size / 2, min_budget(info));
@@ -157,10 +171,10 @@ TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
 }
 
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
-  torch::jit::Module m;
-  std::string img = pack("resnet18", {1, 3, 64, 64}, &m);
-  ImageInfo info;
-  ASSERT_TRUE(read_image_info(img, &info).ok());
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  torch::jit::Module& m = pk.m;
+  const std::string& img = pk.img;
+  ImageInfo& info = pk.info;
   {
     FILE* f = std::fopen(img.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
