@@ -313,7 +313,6 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
 
 int pack(const std::string& model, const std::string& out, const Common& c) {
   apply_common(c);
-  install_cpu_meter();
   auto t0 = Clock::now();
   Skeleton sk = Skeleton::load(model);
   auto inputs = make_inputs(c);
@@ -324,14 +323,7 @@ int pack(const std::string& model, const std::string& out, const Common& c) {
   }
   PackOptions po;
   po.input_shapes = join_shapes(c.input_shapes);
-  {
-    // Activation bytes of the layered forward at the example input, for budget planning,
-    // measured as `swapnet run` measures them: the input copy included.
-    reset_cpu_meter_peak();
-    const std::uint64_t base = cpu_meter().current;
-    c10::IValue out = sk.forward(clone_inputs(inputs));
-    po.activation_bytes = cpu_meter().peak - base;
-  }
+  po.activation_bytes = measure_activation_bytes(sk, inputs);  // for budget planning
   const bool tty = ::isatty(2) != 0 && !c.json;
   int last_pct = -1;
   if (tty) {

@@ -22,16 +22,12 @@ using test_util::model;
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
 std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
-  install_cpu_meter();
   Skeleton sk = Skeleton::load(model(name), m);
   torch::manual_seed(1);
   at::Tensor x = torch::randn(shape);
   sk.profile({x}, ProfileOptions{0, 1});
   PackOptions po;
-  reset_cpu_meter_peak();
-  std::uint64_t base = cpu_meter().current;
-  sk.forward({x.clone()});  // the input copy counts, as in swapnet pack
-  po.activation_bytes = cpu_meter().peak - base;
+  po.activation_bytes = measure_activation_bytes(sk, {x});
   static std::string dir = [] {
     char t[] = "/tmp/swapnet-executor-test-XXXXXX";
     return std::string(::mkdtemp(t));

@@ -7,15 +7,10 @@
 #include <limits>
 
 #include "swapnet/assembly.h"
+#include "text.h"
 
 namespace swapnet {
 namespace {
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 void compare(const c10::IValue& a, const c10::IValue& b, const std::string& where, Comparison& r) {
   auto differ = [&](const std::string& what) {
@@ -35,7 +30,7 @@ void compare(const c10::IValue& a, const c10::IValue& b, const std::string& wher
     if (x.scalar_type() != y.scalar_type()) {
       return structural(std::string("dtype ") + c10::toString(x.scalar_type()) + " vs " + c10::toString(y.scalar_type()));
     }
-    if (x.sizes() != y.sizes()) return structural("shape " + shape_text(x.sizes()) + " vs " + shape_text(y.sizes()));
+    if (x.sizes() != y.sizes()) return structural("shape " + detail::shape_text(x.sizes()) + " vs " + detail::shape_text(y.sizes()));
     at::Tensor xc = x.cpu().contiguous();
     at::Tensor yc = y.cpu().contiguous();
     const size_t bytes = static_cast<size_t>(xc.numel()) * xc.element_size();

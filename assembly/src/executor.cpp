@@ -73,6 +73,16 @@ void install_cpu_meter() {
 CpuMeterStats cpu_meter() { return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load()}; }
 void reset_cpu_meter_peak() { g_cpu_peak.store(g_cpu_current.load()); }
 
+std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs) {
+  install_cpu_meter();
+  reset_cpu_meter_peak();
+  const std::uint64_t base = cpu_meter().current;
+  std::vector<c10::IValue> copies;
+  for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+  sk.forward(std::move(copies));
+  return cpu_meter().peak - base;
+}
+
 // ---- planning -------------------------------------------------------------------------------
 
 namespace {
@@ -193,13 +203,8 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       return p;
     }
   }
-  ExecutionPlan p = finish_plan(info, sk, [&] {
-    std::vector<std::pair<int, int>> finest;
-    for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
-    return finest;
-  }());
-  p.min_budget = minimum;
-  return p;
+  // n = L is the finest partition, which fits any budget >= minimum.
+  throw Error(origin + ": internal: no partition fits " + std::to_string(o.budget) + " bytes above the minimum");
 }
 
 }  // namespace

@@ -52,7 +52,7 @@
 
 #include "flops.h"
 #include "swapnet/assembly.h"
-#include "torch_errors.h"
+#include "text.h"
 
 namespace swapnet {
 
@@ -98,12 +98,6 @@ void for_each_node(jit::Block* b, const std::function<void(Node*)>& fn) {
     for (jit::Block* sub : n->blocks()) for_each_node(sub, fn);
   }
   fn(b->return_node());
-}
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 std::string common_module_prefix(const std::vector<std::string>& names) {
@@ -178,7 +172,6 @@ struct Skeleton::Impl {
   std::vector<LayerInfo> layers;
   std::vector<CompiledLayer> compiled;
   std::vector<Value*> id_value;             // activation id -> value in `graph`
-  std::unordered_map<Value*, int> id_of;
   std::vector<int> user_input_ids;          // forward input i -> activation id
   std::vector<int> output_ids;              // graph output i -> id, or -1 for a constant
   std::vector<c10::IValue> output_consts;
@@ -319,8 +312,6 @@ void Skeleton::Impl::lift(const jit::Module& m) {
 }
 
 void Skeleton::Impl::cut() {
-  Value* unused = nullptr;
-  (void)unused;
   // Which slots each top-level node reads, nested blocks included.
   auto slots_read = [&](Node* top) {
     std::set<int> out;
@@ -480,6 +471,7 @@ void Skeleton::Impl::assign_ids() {
     while (n->owningBlock() != graph->block()) n = n->owningBlock()->owningNode();
     return n;
   };
+  std::unordered_map<Value*, int> id_of;
   auto id = [&](Value* v) {
     auto [it, inserted] = id_of.emplace(v, static_cast<int>(id_value.size()));
     if (inserted) id_value.push_back(v);
@@ -652,8 +644,8 @@ void Skeleton::bind_slot(int index, const at::Tensor& tensor) {
   const SlotInfo& s = impl_->slots[index];
   if (!tensor.defined() || tensor.scalar_type() != s.dtype || tensor.sizes() != at::IntArrayRef(s.sizes)) {
     throw Error(impl_->origin + ": binding slot " + std::to_string(index) + " '" + s.name + "': expected " +
-                c10::toString(s.dtype) + shape_text(s.sizes) + ", got " +
-                (tensor.defined() ? std::string(c10::toString(tensor.scalar_type())) + shape_text(tensor.sizes())
+                c10::toString(s.dtype) + detail::shape_text(s.sizes) + ", got " +
+                (tensor.defined() ? std::string(c10::toString(tensor.scalar_type())) + detail::shape_text(tensor.sizes())
                                   : std::string("an undefined tensor")));
   }
   impl_->bound[index] = tensor;

@@ -164,6 +164,10 @@ struct CpuMeterStats {
 SWAPNET_API void install_cpu_meter();
 SWAPNET_API CpuMeterStats cpu_meter();
 SWAPNET_API void reset_cpu_meter_peak();
+// Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included), as
+// `swapnet run` accounts activations; installs the meter. What PackOptions::activation_bytes
+// records.
+SWAPNET_API std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs);
 
 // ---- swapped execution ----
 struct ExecutorOptions {

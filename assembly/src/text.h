@@ -1,6 +1,7 @@
-// Turns c10::Error text into one readable sentence for swapnet's own error messages.
+// Text for swapnet's own messages: c10 errors as one sentence, shapes as "[1,3,224,224]".
 #pragma once
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
 #include <exception>
@@ -21,6 +22,12 @@ inline std::string torch_message(const std::exception& e) {
   if (nl != std::string::npos) m = m.substr(0, nl);
   while (!m.empty() && (m.back() == ' ' || m.back() == '.')) m.pop_back();
   return m;
+}
+
+inline std::string shape_text(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
 }  // namespace detail
