@@ -1,11 +1,16 @@
-// swapnet plan: the optimal partition of an image for a budget (partitioner.h), next to the
-// equal-bytes default, with the predicted latencies and the lookup time from a budget grid.
+// swapnet plan: the partition `run` would use for a budget (partitioner.h, through the
+// executor's planning so that activations and pinned weights are reserved exactly as in run),
+// next to the paper's full re-read and the equal-bytes default, with the search time, the
+// budget grid's build and lookup times, and optionally the paper's lookup table.
+#include <ATen/Parallel.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <iostream>
 
 #include "commands.h"
+#include "inputs.h"
 #include "swapnet/assembly.h"
 #include "swapnet/partitioner.h"
 #include "swapnet/swapcore.h"
@@ -15,102 +20,128 @@ namespace cli {
 
 using json = nlohmann::json;
 
-std::vector<LayerCost> layer_costs(const ImageInfo& info) {
-  std::vector<LayerCost> l;
-  for (const auto& L : info.layers) l.push_back(LayerCost{L.size, L.num_tensors, L.time_ms});
-  return l;
+void use_profile(const DeviceProfile& p, ExecutorOptions* o) {
+  o->cost = p.cost;
+  o->measured_exec = p.exec_source == "measured";
+  o->gamma_ms_per_flop = p.gamma_ms_per_flop;
 }
 
-CostModel cost_model_for(const ImageInfo& info, const std::string& path, double* raw_mb_s) {
-  CostModel m;
-  *raw_mb_s = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
-  m.alpha_ms_per_byte = 1.0 / (*raw_mb_s * 1e3);  // MB/s -> bytes per ms
-  return m;
+namespace {
+
+json plan_json(const ExecutionPlan& p) {
+  json resident = json::array();
+  for (size_t b = 0; b < p.blocks.size(); ++b) {
+    if (!p.resident[b]) continue;
+    for (int k = p.blocks[b].first; k <= p.blocks[b].second; ++k) resident.push_back(k);
+  }
+  return {{"blocks", p.blocks},
+          {"resident", p.resident},
+          {"resident_layers", resident},
+          {"predicted_ms", p.predicted_ms},
+          {"bytes_read_per_inference", p.read_bytes},
+          {"arena_bytes", p.arena_bytes},
+          {"resident_bytes", p.resident_bytes},
+          {"activation_bytes", p.activation_bytes},
+          {"pinned_bytes", p.pinned_bytes},
+          {"total_bytes", p.total()}};
 }
 
-std::uint64_t planning_arena(const ImageInfo& info, std::uint64_t budget) {
-  // The executor's budget also holds activations and pinned shared weights; plan the arena
-  // with the pinned bytes of the finest partition (an upper bound).
-  ExecutorOptions o;
-  o.budget = UINT64_MAX / 4;
-  o.blocks = static_cast<int>(info.layers.size());
-  ExecutionPlan finest = plan_execution(info, o);
-  const std::uint64_t reserve = finest.activation_bytes + finest.pinned_bytes;
-  return budget > reserve ? budget - reserve : 0;
-}
+}  // namespace
 
-std::vector<int> optimal_cuts(const std::string& path, const ImageInfo& info, std::uint64_t budget,
-                              double* predicted_ms) {
-  double raw = 0;
-  const CostModel m = cost_model_for(info, path, &raw);
-  Partition p = optimal_partition(layer_costs(info), planning_arena(info, budget), m);
-  if (!p.feasible) return {};  // the executor's own planning states the minimum
-  *predicted_ms = p.predicted_ms;
-  std::vector<int> cuts;
-  for (size_t b = 1; b < p.blocks.size(); ++b) cuts.push_back(p.blocks[b].first);
-  return cuts;
-}
-
-int plan(const std::string& path, const Common& c, const std::string& budget_text) {
+int plan(const std::string& path, const Common& c, const std::string& budget_text, const std::string& profile_path,
+         bool table) {
   apply_common(c);
   ImageInfo info;
   read_image_info(path, &info).throw_if_error();
   const std::uint64_t budget = parse_size(budget_text);
-  double raw = 0;
-  const CostModel m = cost_model_for(info, path, &raw);
-  const auto layers = layer_costs(info);
-  const std::uint64_t arena = planning_arena(info, budget);
-  const std::uint64_t minimum = min_budget(info);
-  auto t0 = Clock::now();
-  Partition best = optimal_partition(layers, arena, m);
-  const double search_ms = ms_since(t0);
-  t0 = Clock::now();
-  PartitionTable table(layers, m, 1 << 20);
-  const double table_ms = ms_since(t0);
-  // Lookup time: many lookups of budgets across the grid, averaged.
-  t0 = Clock::now();
-  std::uint64_t sink = 0;
-  const int lookups = 100000;
-  for (int i = 0; i < lookups; ++i) sink += table.lookup(table.min_arena() + (static_cast<std::uint64_t>(i) * 7919) % (info.data_size + 1)).blocks.size();
-  const double lookup_us = ms_since(t0) * 1e3 / lookups + (sink == 42 ? 1e-12 : 0.0);
+  const DeviceProfile prof = device_profile(path, c, profile_path);
   ExecutorOptions eo;
   eo.budget = budget;
-  json eq = nullptr;
-  try {
-    ExecutionPlan ep = plan_execution(info, eo);
-    eq = {{"blocks", ep.blocks}, {"predicted_ms", predict_ms(layers, ep.blocks, m)}};
-  } catch (const Error&) {
+  use_profile(prof, &eo);
+  const std::uint64_t minimum = min_budget(info);
+  json j = {{"image", path}, {"budget_bytes", budget}, {"min_budget_bytes", minimum}, {"feasible", budget >= minimum}};
+  j["profile"] = {{"alpha_ms_per_byte", prof.cost.alpha_ms_per_byte}, {"beta_ms_per_tensor", prof.cost.beta_ms_per_tensor},
+                  {"block_ms", prof.cost.block_ms}, {"eta_ms_per_tensor", prof.cost.eta_ms_per_tensor},
+                  {"exec_source", prof.exec_source}, {"threads", prof.threads}};
+  const std::vector<LayerCost> costs = layer_costs(info, eo);
+  // The capacity the partitioner gets: the budget less activations and (at most) pinned bytes.
+  ExecutorOptions finest = eo;
+  finest.budget = UINT64_MAX / 4;
+  finest.blocks = static_cast<int>(info.layers.size());
+  const ExecutionPlan fp = plan_execution(info, finest);
+  const std::uint64_t reserve = fp.activation_bytes + fp.pinned_bytes;
+  const std::uint64_t capacity = budget > reserve ? budget - reserve : 0;
+  if (budget >= minimum) {
+    auto t0 = Clock::now();
+    ExecutionPlan best = plan_execution(info, eo);
+    j["plan_ms"] = ms_since(t0);
+    j.update(plan_json(best));
+    ExecutorOptions paper = eo;
+    paper.residency = false;
+    j["no_residency"] = plan_json(plan_execution(info, paper));
+    ExecutorOptions equal = eo;
+    equal.planner = ExecutorOptions::Planner::kEqual;
+    j["equal_bytes"] = plan_json(plan_execution(info, equal));
+  } else {
+    j["blocks"] = json::array();
+    j["resident_layers"] = json::array();
+    j["predicted_ms"] = nullptr;
+    j["bytes_read_per_inference"] = nullptr;
   }
-  std::uint64_t read = 0;
-  if (best.feasible && best.blocks.size() > 1) read = info.data_size;
-  json j = {{"image", path},
-            {"budget_bytes", budget},
-            {"feasible", best.feasible && budget >= minimum},
-            {"min_budget_bytes", minimum},
-            {"arena_bytes", arena},
-            {"blocks", best.blocks},
-            {"resident_layers", best.blocks.size() == 1 ? static_cast<int>(info.layers.size()) : 0},
-            {"predicted_ms", best.predicted_ms},
-            {"bytes_read_per_inference", read},
-            {"raw_io_mb_s", raw},
-            {"search_ms", search_ms},
-            {"grid_points", table.size()},
-            {"grid_build_ms", table_ms},
-            {"lookup_us", lookup_us},
-            {"equal_bytes", eq}};
+  // Search from scratch vs the budget grid (every 1 MiB) vs the paper's table.
+  auto t0 = Clock::now();
+  Partition fresh = optimal_partition(costs, capacity, eo.cost);
+  j["search_ms"] = ms_since(t0);
+  t0 = Clock::now();
+  PartitionTable grid(costs, eo.cost, 1 << 20);
+  j["grid_points"] = grid.size();
+  j["grid_build_ms"] = ms_since(t0);
+  const Partition& looked = grid.lookup(capacity);
+  j["grid_predicted_ms"] = looked.feasible ? json(looked.predicted_ms) : json(nullptr);
+  const int lookups = 200000;
+  std::uint64_t sink = 0;
+  const std::uint64_t span = info.data_size + 1;
+  t0 = Clock::now();
+  for (int i = 0; i < lookups; ++i) {
+    sink += grid.lookup(grid.min_capacity() + (static_cast<std::uint64_t>(i) * 7919u * 4096u) % span).read_bytes;
+  }
+  j["lookup_us"] = ms_since(t0) * 1e3 / lookups;
+  const auto rows = paper_table(costs, eo.cost, static_cast<int>(info.layers.size()));
+  t0 = Clock::now();
+  for (int i = 0; i < lookups / 100; ++i) {
+    const Partition* p = paper_lookup(rows, grid.min_capacity() + (static_cast<std::uint64_t>(i) * 7919u * 4096u) % span);
+    sink += p ? p->read_bytes : 0;
+  }
+  j["paper_lookup_us"] = ms_since(t0) * 1e3 / (lookups / 100);
+  const Partition* pp = paper_lookup(rows, capacity);
+  j["paper_predicted_ms"] = pp ? json(pp->predicted_ms) : json(nullptr);
+  j["fresh_predicted_ms"] = fresh.feasible ? json(fresh.predicted_ms) : json(nullptr);
+  if (sink == 42) j["sink"] = sink;  // keeps the timed loops from being optimised away
+  if (table) {
+    for (const auto& r : rows) {
+      j["paper_table"].push_back({{"n", r.n}, {"memory_bytes", r.partition.memory()},
+                                  {"predicted_ms", r.partition.predicted_ms}, {"blocks", r.partition.blocks}});
+    }
+  }
   if (c.json) {
     std::cout << j.dump() << "\n";
   } else if (!j["feasible"].get<bool>()) {
-    std::printf("%s: budget %s is below the minimum %s\n", path.c_str(), format_bytes(budget).c_str(),
-                format_bytes(minimum).c_str());
+    std::printf("%s: budget %s is below the minimum %s (%llu bytes)\n", path.c_str(), format_bytes(budget).c_str(),
+                format_bytes(minimum).c_str(), static_cast<unsigned long long>(minimum));
   } else {
-    std::printf("%s at %s: %zu blocks, predicted %.1f ms (equal bytes: %s ms); search %.2f ms, grid of %zu in %.0f ms, "
-                "lookup %.3f us\n",
-                path.c_str(), format_bytes(budget).c_str(), best.blocks.size(), best.predicted_ms,
-                eq.is_null() ? "-" : std::to_string(eq["predicted_ms"].get<double>()).c_str(), search_ms, table.size(),
-                table_ms, lookup_us);
+    std::printf("%s at %s: %zu blocks (%zu resident layers, %s), predicted %.1f ms, reads %s per inference\n",
+                path.c_str(), format_bytes(budget).c_str(), j["blocks"].size(), j["resident_layers"].size(),
+                format_bytes(j["resident_bytes"].get<std::uint64_t>()).c_str(), j["predicted_ms"].get<double>(),
+                format_bytes(j["bytes_read_per_inference"].get<std::uint64_t>()).c_str());
+    std::printf("  without residency %.1f ms (reads %s); equal bytes %.1f ms\n",
+                j["no_residency"]["predicted_ms"].get<double>(),
+                format_bytes(j["no_residency"]["bytes_read_per_inference"].get<std::uint64_t>()).c_str(),
+                j["equal_bytes"]["predicted_ms"].get<double>());
+    std::printf("  search %.2f ms; grid of %zu in %.0f ms, lookup %.3f us (paper's table: %.3f us)\n",
+                j["search_ms"].get<double>(), grid.size(), j["grid_build_ms"].get<double>(),
+                j["lookup_us"].get<double>(), j["paper_lookup_us"].get<double>());
   }
-  return 0;
+  return j["feasible"].get<bool>() ? 0 : 1;
 }
 
 }  // namespace cli

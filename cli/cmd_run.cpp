@@ -35,18 +35,6 @@
 
 namespace swapnet {
 namespace cli {
-namespace {
-
-using json = nlohmann::json;
-
-std::uint64_t vm_hwm_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -64,7 +52,7 @@ std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std:
   return random_inputs(*shapes, c.seed);
 }
 
-void drop_page_cache(const std::string& path) {
+static void drop_page_cache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -72,24 +60,32 @@ void drop_page_cache(const std::string& path) {
   }
 }
 
-// The whole model in memory (direct mode and --check's reference): the image's data read once.
-struct InMemory {
-  Skeleton sk;
-  void* data = nullptr;
-  InMemory(const std::string& path, const ImageInfo& info) : sk(Skeleton::from_image(info, path)) {
-    std::unique_ptr<BlockReader> r;
-    BlockReader::open(path, ReaderOptions{}, &r).throw_if_error();
-    data = alloc_aligned(info.data_size);
-    if (data == nullptr) throw Error(path + ": cannot allocate " + format_bytes(info.data_size));
-    Status s = r->read(info.data_offset, info.data_size, data);
-    if (!s.ok()) {
-      free_aligned(data);
-      throw Error(s.message());
-    }
-    sk.bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+InMemory::InMemory(const std::string& path, const ImageInfo& info) : sk(Skeleton::from_image(info, path)) {
+  std::unique_ptr<BlockReader> r;
+  BlockReader::open(path, ReaderOptions{}, &r).throw_if_error();
+  data = alloc_aligned(info.data_size);
+  if (data == nullptr) throw Error(path + ": cannot allocate " + format_bytes(info.data_size));
+  Status s = r->read(info.data_offset, info.data_size, data);
+  if (!s.ok()) {
+    free_aligned(data);
+    throw Error(s.message());
   }
-  ~InMemory() { free_aligned(data); }
-};
+  sk.bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+}
+InMemory::~InMemory() { free_aligned(data); }
+
+namespace {
+
+using json = nlohmann::json;
+
+std::uint64_t vm_hwm_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
 
 // The naive path: per block, buffered read into a fresh buffer, copy into freshly allocated
 // tensors (the "dummy model" being filled), bind, run, free. No overlap.
@@ -145,12 +141,18 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   eo.budget = o.budget.empty() ? 0 : parse_size(o.budget);
   eo.blocks = o.blocks;
   for (const auto& p : split(o.partition, ',')) eo.partition.push_back(std::stoi(p));
-  double predicted_ms = 0;
-  if (o.plan == "optimal" && o.mode != "direct" && eo.partition.empty() && !o.budget.empty()) {
-    eo.partition = optimal_cuts(path, info, parse_size(o.budget), &predicted_ms);
-    if (eo.partition.empty()) eo.blocks = 1;  // one resident block is best (or nothing fits)
-  } else if (o.plan != "equal" && o.plan != "optimal") {
-    throw Error("--plan '" + o.plan + "' is not one of equal|optimal");
+  for (const auto& r : split(o.resident, ',')) eo.resident.push_back(std::stoi(r));
+  if (o.plan == "auto" || o.plan == "optimal") {
+    eo.planner = ExecutorOptions::Planner::kOptimal;
+    eo.residency = o.plan == "auto";
+    if (o.mode != "direct" && eo.partition.empty() && eo.blocks == 0) use_profile(device_profile(path, c, o.profile), &eo);
+  } else if (o.plan == "equal") {
+    eo.planner = ExecutorOptions::Planner::kEqual;
+  } else {
+    throw Error("--plan '" + o.plan + "' is not one of auto|optimal|equal");
+  }
+  if (!eo.resident.empty() && eo.partition.empty() && eo.blocks == 0) {
+    throw Error("--resident needs --partition or --blocks (the blocks it numbers)");
   }
   if (o.verify == "first") eo.verify = ExecutorOptions::Verify::kFirst;
   else if (o.verify == "always") eo.verify = ExecutorOptions::Verify::kAlways;
@@ -167,7 +169,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   std::vector<double> lat;
   std::vector<c10::IValue> outs;
   std::uint64_t read_before = 0, read_after = 0, arena_peak = 0, act_peak = 0, pinned = 0, arena_bytes = 0;
-  json plan_json;
+  std::uint64_t resident_bytes = 0;
+  double predicted_ms = 0;
+  json plan_json, resident_json = json::array();
   std::string backend = "-", memory = "host";
   double bind_us = 0;
   const int iters = std::max(1, o.iters);
@@ -194,12 +198,19 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     const ExecutionPlan& p = ex->plan();
     pinned = p.pinned_bytes;
     arena_bytes = p.arena_bytes;
-    for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
+    resident_bytes = p.resident_bytes;
+    predicted_ms = p.predicted_ms;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      plan_json.push_back({p.blocks[b].first, p.blocks[b].second});
+      resident_json.push_back(static_cast<int>(p.resident[b]));
+    }
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
     measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_read(); });
     bind_us = ex->bind_us_per_tensor();
   } else if (o.mode == "naive") {
+    eo.residency = false;  // the paper's naive swap re-reads every block
+    eo.resident.clear();
     ExecutionPlan p = plan_execution(info, eo);
     Skeleton sk = Skeleton::from_image(info, path);
     for (const auto& b : p.blocks) plan_json.push_back({b.first, b.second});
@@ -230,6 +241,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   j["latency_ms"] = {{"median", percentile(lat, 0.5)}, {"p90", percentile(lat, 0.9)}, {"all", lat}};
   j["peak_model_bytes"] = arena_peak + act_peak + pinned;
   j["arena_bytes"] = arena_bytes;
+  j["resident_bytes"] = resident_bytes;
+  j["resident_blocks"] = resident_json;
   j["activation_peak_bytes"] = act_peak;
   j["pinned_bytes"] = pinned;
   j["peak_rss_bytes"] = rss;
@@ -336,6 +349,8 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (!o.budget.empty()) args.insert(args.end(), {"--budget", o.budget});
       if (o.blocks) args.insert(args.end(), {"--blocks", std::to_string(o.blocks)});
       if (!o.partition.empty()) args.insert(args.end(), {"--partition", o.partition});
+      if (!o.resident.empty()) args.insert(args.end(), {"--resident", o.resident});
+      if (!o.profile.empty()) args.insert(args.end(), {"--profile", o.profile});
       if (o.check && mode != "direct") args.push_back("--check");
       args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});

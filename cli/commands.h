@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "swapnet/partitioner.h"
 #include "swapnet/swapcore.h"
 
 namespace swapnet {
@@ -54,14 +55,29 @@ struct RunOptions {
   int rounds = 3;            // --compare rounds
   bool check = false;        // compare outputs with direct inference bit for bit
   std::string verify = "first";  // checksums: first fetch of each layer | always | never
-  std::string plan = "equal";    // equal: fewest equal-byte blocks | optimal: partitioner's DP
+  std::string plan = "auto";     // auto | optimal | equal (see main.cpp)
+  std::string resident;          // --resident i,j: blocks of --partition/--blocks kept resident
+  std::string profile;           // --profile FILE (default: default_profile_path())
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
-int plan(const std::string& image, const Common& c, const std::string& budget);
-// The partitioner's optimal cut points (first layer of each block after the first) for an image
-// at a budget, with its predicted latency; empty when one resident block is best.
-std::vector<int> optimal_cuts(const std::string& image, const ImageInfo& info, std::uint64_t budget,
-                              double* predicted_ms);
+int plan(const std::string& image, const Common& c, const std::string& budget, const std::string& profile_path,
+         bool table);
+
+// swapnet profile (cmd_profile.cpp).
+struct MeasureOptions {
+  int samples = 32;    // random layer ranges fetched, bound and unbound
+  int repeats = 3;     // per range; the median is fitted
+  int exec_runs = 5;   // timed forwards for per-layer execution times
+  std::vector<int> pipeline_blocks = {2, 8, 32, 96, 200};  // whole swapped runs at these block counts
+  int pipeline_iters = 7;  // interleaved rounds; medians fitted
+  unsigned seed = 1;
+};
+int profile(const std::vector<std::string>& images, const Common& c, const std::string& out, int samples);
+// The device profile to plan with: `path_option` (or the default path) if it describes this
+// process; if there is none, one measured now from `image` and saved there; if it is stale (other
+// host, CPU or thread count), one measured now and not saved (both said once on stderr); if it
+// is unreadable or malformed, Error naming the file and the field.
+DeviceProfile device_profile(const std::string& image, const Common& c, const std::string& path_option);
 
 // The raw sequential O_DIRECT read rate of [begin, end) of a file (io_uring, 32 x 256 KiB,
 // registered buffers), in MB/s: the baseline every I/O figure is compared with.

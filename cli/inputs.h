@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
+#include "swapnet/assembly.h"
+
 namespace swapnet {
 namespace cli {
 
@@ -15,6 +18,23 @@ namespace cli {
 std::vector<c10::IValue> random_inputs(const std::vector<std::string>& shapes, std::uint64_t seed);
 // Inputs are cloned for every run: a model may modify its input in place.
 std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
+// The run's inputs: --input-shape, else the example input the image records.
+std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes);
+std::vector<std::string> split(const std::string& s, char sep);
+
+// The whole model in memory (direct mode, --check's reference, profiling): the image's data
+// read once, every layer bound to it.
+// Plans with a device profile (cmd_plan.cpp).
+void use_profile(const DeviceProfile& p, ExecutorOptions* o);
+
+struct InMemory {
+  Skeleton sk;
+  void* data = nullptr;
+  InMemory(const std::string& path, const ImageInfo& info);
+  ~InMemory();
+  InMemory(const InMemory&) = delete;
+  InMemory& operator=(const InMemory&) = delete;
+};
 
 }  // namespace cli
 }  // namespace swapnet

@@ -72,14 +72,30 @@ int main(int argc, char** argv) {
   run->add_option("--rounds", ro.rounds, "--compare rounds (default 3)");
   run->add_flag("--check", ro.check, "compare outputs with direct inference bit for bit");
   run->add_option("--verify", ro.verify, "checksums of fetched layers: first (default: first fetch after start) | always | never");
-  run->add_option("--plan", ro.plan, "equal (fewest equal-byte blocks, default) | optimal (the partitioner's DP)");
+  run->add_option("--plan", ro.plan,
+                  "auto (default: the partitioner's best blocks, some kept resident where the budget leaves room) | "
+                  "optimal (the same, every block re-read each inference, as the paper) | equal (fewest equal-byte blocks)");
+  run->add_option("--resident", ro.resident, "with --partition/--blocks: blocks kept resident, e.g. 0,3");
+  run->add_option("--profile", ro.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   add_common(run, common, true, false);
 
-  std::string budget;
-  auto* plan = app.add_subcommand("plan", "the optimal partition of an image for a budget");
+  std::string budget, profile_path;
+  bool table = false;
+  auto* plan = app.add_subcommand("plan", "the partition run would use for a budget, predicted latency, lookup time");
   plan->add_option("image", image, "swap image (.swapnet)")->required();
   plan->add_option("--budget", budget, "memory budget: bytes or KiB/MiB/GiB")->required();
+  plan->add_option("--profile", profile_path, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  plan->add_flag("--table", table, "also list the paper's lookup table (n equal-byte blocks, memory, latency)");
   add_common(plan, common, false, false);
+
+  std::vector<std::string> images;
+  std::string profile_out;
+  int samples = 32;
+  auto* prof = app.add_subcommand("profile", "measure this device and fit the partitioner's cost model");
+  prof->add_option("images", images, "swap image(s) to measure with (the first is fitted; others report errors)")->required();
+  prof->add_option("-o,--output", profile_out, "where to write it (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  prof->add_option("--samples", samples, "random layer ranges to fetch (default 32)");
+  add_common(prof, common, true, false);
 
   auto* check = app.add_subcommand("check", "verify every layer checksum of a swap image");
   check->add_option("image", image, "swap image (.swapnet)")->required();
@@ -109,7 +125,8 @@ int main(int argc, char** argv) {
     if (*pack) return swapnet::cli::pack(model, out, common);
     if (*check) return swapnet::cli::check(image, common);
     if (*run) return swapnet::cli::run(image, common, ro);
-    if (*plan) return swapnet::cli::plan(image, common, budget);
+    if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table);
+    if (*prof) return swapnet::cli::profile(images, common, profile_out, samples);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);
   } catch (const std::exception& e) {

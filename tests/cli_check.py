@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 
+from cli_test_util import test_env
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -22,7 +24,7 @@ def main() -> int:
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=test_env(cmd[0]) if cmd else None)
     print("$", " ".join(cmd))
     print(p.stdout[-4000:], end="")
     print(p.stderr[-4000:], end="", file=sys.stderr)

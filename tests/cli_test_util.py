@@ -1,11 +1,21 @@
 """Shared pieces of the per-model CLI test scripts (image_cli_test.py, run_cli_test.py)."""
+import os
 import subprocess
 import sys
 
 
+def test_env(cli):
+    """The environment for running the CLI in tests: plans use a device profile kept next to
+    the binary (measured by the first test that needs one), never the user's own."""
+    env = dict(os.environ)
+    env.setdefault("SWAPNET_PROFILE", os.path.join(os.path.dirname(os.path.abspath(cli)), "test-profile",
+                                                   "device.json"))
+    return env
+
+
 def run(*args):
     """Runs a command; returns (exit status, stdout, stderr)."""
-    p = subprocess.run(list(args), capture_output=True, text=True)
+    p = subprocess.run(list(args), capture_output=True, text=True, env=test_env(args[0]))
     return p.returncode, p.stdout, p.stderr
 
 

@@ -1,7 +1,14 @@
-// Tests of swapnet/partitioner.h: the DP is exact (equals exhaustive search), feasibility is
-// respected, and the budget grid answers like a fresh search.
+// Tests of swapnet/partitioner.h: the pipeline prediction on a worked example, the DP is exact
+// (equals exhaustive search) for any set of resident layers, the choice of resident layers is
+// never worse than none and is measured against the true optimum, feasibility is respected, the
+// budget grid answers like a fresh search, the fit recovers known coefficients, and profile files
+// round-trip or are refused with the field named.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <random>
 
 #include "swapnet/partitioner.h"
@@ -21,45 +28,142 @@ std::vector<LayerCost> random_layers(int n, std::mt19937& rng) {
   return l;
 }
 
-TEST(Partitioner, DynamicProgramEqualsExhaustiveSearch) {
-  std::mt19937 rng(42);
+CostModel io_heavy() {
   CostModel m;
   m.alpha_ms_per_byte = 1.0 / 40000;  // reads comparable to compute, so cuts matter
   m.beta_ms_per_tensor = 0.01;
+  m.block_ms = 0.3;
   m.eta_ms_per_tensor = 0.002;
-  int compared = 0;
-  for (int trial = 0; trial < 300; ++trial) {
+  return m;
+}
+
+std::uint64_t total_bytes(const std::vector<LayerCost>& l) {
+  std::uint64_t t = 0;
+  for (const auto& x : l) t += x.bytes;
+  return t;
+}
+
+void expect_well_formed(const std::vector<LayerCost>& layers, const Partition& p, std::uint64_t capacity,
+                        const CostModel& m, const std::string& what) {
+  ASSERT_FALSE(p.blocks.empty()) << what;
+  ASSERT_EQ(p.blocks.size(), p.resident.size()) << what;
+  EXPECT_EQ(p.blocks.front().first, 0) << what;
+  EXPECT_EQ(p.blocks.back().second, static_cast<int>(layers.size()) - 1) << what;
+  for (size_t b = 0; b + 1 < p.blocks.size(); ++b) EXPECT_EQ(p.blocks[b].second + 1, p.blocks[b + 1].first) << what;
+  EXPECT_LE(p.memory(), capacity) << what;
+  Partition again = p;
+  evaluate(layers, m, &again);
+  EXPECT_NEAR(again.predicted_ms, p.predicted_ms, 1e-9) << what << ": reported == recomputed";
+  EXPECT_EQ(again.memory(), p.memory()) << what;
+  EXPECT_EQ(p.read_bytes + p.resident_bytes, total_bytes(layers)) << what;
+}
+
+TEST(Partitioner, PredictionFollowsThePipelineOnAWorkedExample) {
+  // Layers of 100/200/100 bytes, 1/2/1 tensors, 5/1/5 ms; alpha 0.01 ms/B, beta 0.1 ms/tensor,
+  // block 1 ms, eta 0.05 ms/tensor.
+  std::vector<LayerCost> l = {{100, 1, 5.0}, {200, 2, 1.0}, {100, 1, 5.0}};
+  CostModel m;
+  m.alpha_ms_per_byte = 0.01;
+  m.beta_ms_per_tensor = 0.1;
+  m.block_ms = 1.0;
+  m.eta_ms_per_tensor = 0.05;
+  // Three swapped blocks: io = 2, 3, 2 ms.
+  //   s0: fetched at 2; bind 0.1 -> 2.1; next fetch done 2.1 + 3 = 5.1; ex+out -> 2.1 + 5.05 = 7.15
+  //   s1: start max(7.15, 5.1) = 7.15; bind 0.2 -> 7.35; next fetch done 9.35; ex+out -> 8.45
+  //   s2: start max(8.45, 9.35) = 9.35; bind 0.1 -> 9.45; ex+out -> 14.5
+  EXPECT_NEAR(predict_ms(l, {{0, 0}, {1, 1}, {2, 2}}, {0, 0, 0}, m), 14.5, 1e-12);
+  // Layer 0 resident: the first swapped fetch (3 ms) overlaps its 5 ms.
+  //   r0: 5; s1: start max(5, 3) = 5, bind -> 5.2, next done 7.2, ex+out -> 6.3
+  //   s2: start 7.2, bind -> 7.3, ex+out -> 12.35
+  EXPECT_NEAR(predict_ms(l, {{0, 0}, {1, 1}, {2, 2}}, {1, 0, 0}, m), 12.35, 1e-12);
+  // Everything resident: execution only.
+  EXPECT_NEAR(predict_ms(l, {{0, 2}}, {1}, m), 11.0, 1e-12);
+  Partition p;
+  p.blocks = {{0, 0}, {1, 1}, {2, 2}};
+  p.resident = {0, 1, 0};
+  evaluate(l, m, &p);
+  EXPECT_EQ(p.resident_bytes, 200u);
+  EXPECT_EQ(p.read_bytes, 200u);
+  EXPECT_EQ(p.arena_bytes, 200u) << "consecutive swapped blocks 0 and 2 pair up across the resident one";
+}
+
+TEST(Partitioner, DynamicProgramEqualsExhaustiveSearchForAnyResidentLayers) {
+  std::mt19937 rng(42);
+  const CostModel m = io_heavy();
+  int compared = 0, with_resident = 0;
+  for (int trial = 0; trial < 400; ++trial) {
     const int n = 1 + trial % 16;
     auto layers = random_layers(n, rng);
-    std::uint64_t total = 0;
-    for (const auto& x : layers) total += x.bytes;
-    const std::uint64_t arena = std::uniform_int_distribution<std::uint64_t>(0, total + 4096)(rng);
-    Partition dp = optimal_partition(layers, arena, m);
-    Partition ex = exhaustive_partition(layers, arena, m);
+    std::vector<char> mask(n, 0);
+    if (trial % 2 == 1) {  // half the trials: random resident layers
+      for (auto& r : mask) r = std::uniform_int_distribution<int>(0, 3)(rng) == 0;
+    }
+    const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(0, total_bytes(layers) + 4096)(rng);
+    Partition dp = optimal_partition_for(layers, mask, cap, m);
+    Partition ex = exhaustive_partition_for(layers, mask, cap, m);
     ASSERT_EQ(dp.feasible, ex.feasible) << "trial " << trial;
     if (!dp.feasible) continue;
     ++compared;
+    with_resident += dp.resident_bytes > 0;
     EXPECT_NEAR(dp.predicted_ms, ex.predicted_ms, 1e-9) << "trial " << trial;
-    EXPECT_NEAR(predict_ms(layers, dp.blocks, m), dp.predicted_ms, 1e-9) << "reported == recomputed";
-    EXPECT_LE(arena_bytes(layers, dp.blocks), arena);
-    ASSERT_FALSE(dp.blocks.empty());
-    EXPECT_EQ(dp.blocks.front().first, 0);
-    EXPECT_EQ(dp.blocks.back().second, n - 1);
-    for (size_t b = 0; b + 1 < dp.blocks.size(); ++b) EXPECT_EQ(dp.blocks[b].second + 1, dp.blocks[b + 1].first);
+    expect_well_formed(layers, dp, cap, m, "trial " + std::to_string(trial));
+    for (size_t b = 0; b < dp.blocks.size(); ++b) {
+      for (int k = dp.blocks[b].first; k <= dp.blocks[b].second; ++k) {
+        EXPECT_EQ(static_cast<bool>(dp.resident[b]), static_cast<bool>(mask[k])) << "trial " << trial << " layer " << k;
+      }
+    }
   }
   EXPECT_GT(compared, 150);
+  EXPECT_GT(with_resident, 50);
 }
 
 TEST(Partitioner, ExhaustiveOnTwentyFourLayers) {
   std::mt19937 rng(7);
-  CostModel m;
-  m.alpha_ms_per_byte = 1.0 / 40000;
+  const CostModel m = io_heavy();
   auto layers = random_layers(24, rng);
-  const std::uint64_t arena = min_arena_bytes(layers) + 40 * 4096;
-  Partition dp = optimal_partition(layers, arena, m);
-  Partition ex = exhaustive_partition(layers, arena, m);
-  ASSERT_TRUE(dp.feasible && ex.feasible);
-  EXPECT_NEAR(dp.predicted_ms, ex.predicted_ms, 1e-9);
+  std::vector<char> none(24, 0), some(24, 0);
+  some[0] = some[1] = some[10] = 1;
+  const std::uint64_t cap = min_arena_bytes(layers) + layers[0].bytes + layers[1].bytes + layers[10].bytes + 40 * 4096;
+  for (const auto* mask : {&none, &some}) {
+    Partition dp = optimal_partition_for(layers, *mask, cap, m);
+    Partition ex = exhaustive_partition_for(layers, *mask, cap, m);
+    ASSERT_TRUE(dp.feasible && ex.feasible);
+    EXPECT_NEAR(dp.predicted_ms, ex.predicted_ms, 1e-9);
+  }
+}
+
+TEST(Partitioner, ChosenResidencyIsNeverWorseThanNoneAndCloseToTheOptimum) {
+  std::mt19937 rng(11);
+  const CostModel m = io_heavy();
+  std::vector<double> gaps;
+  int gained = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + trial % 8;
+    auto layers = random_layers(n, rng);
+    const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
+    const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
+    PartitionOptions off;
+    off.residency = false;
+    Partition none = optimal_partition(layers, cap, m, off);
+    Partition chosen = optimal_partition(layers, cap, m);
+    Partition truth = exhaustive_partition_any(layers, cap, m);
+    ASSERT_TRUE(none.feasible && chosen.feasible && truth.feasible) << "trial " << trial;
+    expect_well_formed(layers, chosen, cap, m, "trial " + std::to_string(trial));
+    EXPECT_EQ(none.resident_bytes, 0u);
+    // Within the tolerance it trades for fewer bytes read, never worse than no residency.
+    EXPECT_LE(chosen.predicted_ms, none.predicted_ms * 1.01 + 1e-9) << "trial " << trial;
+    EXPECT_LE(chosen.read_bytes, none.read_bytes) << "trial " << trial;
+    EXPECT_GE(chosen.predicted_ms, truth.predicted_ms - 1e-9) << "nothing beats the exhaustive optimum";
+    gaps.push_back(chosen.predicted_ms / truth.predicted_ms - 1);
+    gained += chosen.predicted_ms < none.predicted_ms - 1e-9;
+  }
+  std::sort(gaps.begin(), gaps.end());
+  const double median_gap = gaps[gaps.size() / 2], p90 = gaps[gaps.size() * 9 / 10];
+  std::printf("residency heuristic vs exhaustive optimum: median gap %.2f %%, p90 %.2f %%, max %.2f %%; faster "
+              "than no residency in %d of %zu\n",
+              100 * median_gap, 100 * p90, 100 * gaps.back(), gained, gaps.size());
+  EXPECT_LE(median_gap, 0.02);
+  EXPECT_GT(gained, 20);
 }
 
 TEST(Partitioner, MinimumArenaIsTheLargestAdjacentPair) {
@@ -71,24 +175,121 @@ TEST(Partitioner, MinimumArenaIsTheLargestAdjacentPair) {
   EXPECT_EQ(min_arena_bytes(l), 55u);
   EXPECT_FALSE(optimal_partition(l, 54, CostModel{}).feasible);
   EXPECT_TRUE(optimal_partition(l, 55, CostModel{}).feasible);
-  EXPECT_EQ(optimal_partition(l, 70, CostModel{}).blocks.size(), 1u) << "everything fits: one block";
+  Partition all = optimal_partition(l, 70, CostModel{});
+  ASSERT_EQ(all.blocks.size(), 1u) << "everything fits: one resident block";
+  EXPECT_EQ(all.resident[0], 1);
+  EXPECT_EQ(all.read_bytes, 0u);
 }
 
 TEST(PartitionTable, LookupMatchesAFreshSearchAtGridPoints) {
   std::mt19937 rng(3);
-  CostModel m;
-  m.alpha_ms_per_byte = 1.0 / 40000;
+  const CostModel m = io_heavy();
   auto layers = random_layers(40, rng);
   PartitionTable table(layers, m, 8 * 4096);
   EXPECT_GT(table.size(), 2u);
-  EXPECT_FALSE(table.lookup(table.min_arena() - 1).feasible);
-  for (std::uint64_t a = table.min_arena(); a < table.min_arena() + 20 * 8 * 4096; a += 8 * 4096) {
+  EXPECT_FALSE(table.lookup(table.min_capacity() - 1).feasible);
+  for (std::uint64_t a = table.min_capacity(); a < table.min_capacity() + 20 * 8 * 4096; a += 8 * 4096) {
     const Partition& p = table.lookup(a + 100);  // between grid points: the point below
     Partition fresh = optimal_partition(layers, a, m);
     ASSERT_TRUE(p.feasible);
     EXPECT_NEAR(p.predicted_ms, fresh.predicted_ms, 1e-9);
-    EXPECT_LE(p.max_pair_bytes, a + 100);
+    EXPECT_LE(p.memory(), a + 100);
   }
+  EXPECT_EQ(table.lookup(total_bytes(layers)).read_bytes, 0u) << "the top of the grid keeps everything";
+}
+
+TEST(PartitionTable, PaperTableRowsAndLookup) {
+  std::mt19937 rng(5);
+  const CostModel m = io_heavy();
+  auto layers = random_layers(20, rng);
+  auto rows = paper_table(layers, m, 20);
+  ASSERT_EQ(rows.size(), 20u);
+  for (const auto& r : rows) EXPECT_EQ(static_cast<int>(r.partition.blocks.size()), r.n);
+  EXPECT_EQ(rows[0].partition.read_bytes, 0u) << "one block is kept";
+  const std::uint64_t cap = rows[5].partition.memory();
+  const Partition* p = paper_lookup(rows, cap);
+  ASSERT_NE(p, nullptr);
+  EXPECT_LE(p->memory(), cap);
+  for (const auto& r : rows) {
+    if (r.partition.memory() <= cap) EXPECT_LE(p->predicted_ms, r.partition.predicted_ms);
+  }
+  EXPECT_EQ(paper_lookup(rows, 0), nullptr);
+  // The DP is at least as good as the paper's best row at the same capacity, without residency.
+  PartitionOptions off;
+  off.residency = false;
+  EXPECT_LE(optimal_partition(layers, cap, m, off).predicted_ms, p->predicted_ms + 1e-9);
+}
+
+TEST(CostFit, RecoversKnownCoefficientsAndClampsNegativeOnes) {
+  std::mt19937 rng(9);
+  std::normal_distribution<double> noise(0, 0.01);
+  std::vector<std::vector<double>> X;
+  std::vector<double> y;
+  for (int s = 0; s < 60; ++s) {
+    const double bytes = std::uniform_real_distribution<double>(1e5, 6e7)(rng);
+    const double tensors = std::uniform_int_distribution<int>(1, 80)(rng);
+    X.push_back({bytes, tensors, 1.0});
+    y.push_back(bytes / 3e6 + 0.002 * tensors + 0.15 + noise(rng));  // 3 GB/s, 2 us/tensor, 0.15 ms
+  }
+  auto b = fit_nonnegative(X, y);
+  EXPECT_NEAR(1.0 / b[0], 3e6, 3e6 * 0.01);
+  EXPECT_NEAR(b[1], 0.002, 0.0005);
+  EXPECT_NEAR(b[2], 0.15, 0.02);
+  // y decreasing in x2: its coefficient is clamped at zero, the others refitted.
+  std::vector<double> y2;
+  for (const auto& row : X) y2.push_back(row[0] / 3e6 - 0.001 * row[1]);
+  auto c = fit_nonnegative(X, y2);
+  EXPECT_EQ(c[1], 0.0);
+  EXPECT_GT(c[0], 0.0);
+}
+
+TEST(DeviceProfileFile, RoundTripsAndRefusesBadFields) {
+  char tmpl[] = "/tmp/swapnet-partitioner-test-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string path = dir + "/sub/device.json";
+  DeviceProfile p;
+  p.threads = 3;
+  p.raw_read_mb_s = 2500;
+  p.cost.alpha_ms_per_byte = 1.0 / 2.5e6;
+  p.cost.beta_ms_per_tensor = 0.001;
+  p.cost.block_ms = 0.1;
+  p.gamma_ms_per_flop = 1e-8;
+  p.exec_source = "flops";
+  ASSERT_TRUE(save_profile(path, p).ok());
+  DeviceProfile q;
+  Status s = load_profile(path, &q);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(q.threads, 3);
+  EXPECT_DOUBLE_EQ(q.cost.alpha_ms_per_byte, p.cost.alpha_ms_per_byte);
+  EXPECT_DOUBLE_EQ(q.cost.block_ms, 0.1);
+  EXPECT_EQ(q.exec_source, "flops");
+  EXPECT_EQ(profile_mismatch(q, 3), "") << "saved here: matches this host and CPU";
+  EXPECT_NE(profile_mismatch(q, 4).find("3 threads"), std::string::npos);
+
+  auto rewrite = [&](const std::string& from, const std::string& to) {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    std::ofstream(dir + "/bad.json") << text;
+    DeviceProfile r;
+    return load_profile(dir + "/bad.json", &r);
+  };
+  Status bad = rewrite("\"block_ms\": 0.1", "\"block_ms\": -1");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("'block_ms'"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("bad.json"), std::string::npos) << bad.message();
+  bad = rewrite("\"version\": 2", "\"version\": 7");
+  EXPECT_NE(bad.message().find("version 7"), std::string::npos) << bad.message();
+  bad = rewrite("\"exec_source\": \"flops\"", "\"exec_source\": \"guess\"");
+  EXPECT_NE(bad.message().find("exec_source"), std::string::npos) << bad.message();
+  std::ofstream(dir + "/junk.json") << "{ not json";
+  DeviceProfile r;
+  bad = load_profile(dir + "/junk.json", &r);
+  EXPECT_NE(bad.message().find("invalid JSON"), std::string::npos) << bad.message();
+  bad = load_profile(dir + "/missing.json", &r);
+  EXPECT_NE(bad.message().find("no device profile"), std::string::npos) << bad.message();
 }
 
 }  // namespace

@@ -85,14 +85,24 @@ std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10
 
 // ---- planning -------------------------------------------------------------------------------
 
+std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o) {
+  std::vector<LayerCost> l;
+  for (const auto& L : info.layers) {
+    l.push_back(LayerCost{L.size, L.num_tensors, o.measured_exec ? L.time_ms : o.gamma_ms_per_flop * L.flops});
+  }
+  return l;
+}
+
 namespace {
 
-// Slots read by some layer outside [first, last] of the block owning them, for a partition.
+// Slots read by some layer outside the block owning them, when that block is swapped (a
+// resident block's slots stay bound).
 std::uint64_t pinned_bytes(const ImageInfo& info, const Skeleton& sk, const std::vector<int>& block_of_layer,
-                           std::vector<int>* pinned) {
+                           const std::vector<char>& resident, std::vector<int>* pinned) {
   std::uint64_t bytes = 0;
   for (size_t s = 0; s < sk.slots().size(); ++s) {
     const SlotInfo& sl = sk.slots()[s];
+    if (resident[block_of_layer[sl.layer]]) continue;
     bool outside = false;
     for (int k : sl.used_by) outside |= block_of_layer[k] != block_of_layer[sl.layer];
     if (outside) {
@@ -103,30 +113,16 @@ std::uint64_t pinned_bytes(const ImageInfo& info, const Skeleton& sk, const std:
   return bytes;
 }
 
-// n blocks of consecutive layers with about equal bytes (every block at least one layer).
-std::vector<std::pair<int, int>> equal_bytes(const ImageInfo& info, int n) {
-  std::vector<std::pair<int, int>> blocks;
-  const int L = static_cast<int>(info.layers.size());
-  n = std::max(1, std::min(n, L));
-  const double target = static_cast<double>(info.data_size) / n;
-  int first = 0;
-  double acc = 0;
-  for (int k = 0; k < L; ++k) {
-    acc += static_cast<double>(info.layers[k].size);
-    const int blocks_after = n - static_cast<int>(blocks.size()) - 1;  // still to open after this one
-    const int layers_after = L - k - 1;
-    const bool must = blocks_after > 0 && layers_after == blocks_after;  // one layer each from here
-    const bool want = blocks_after > 0 && acc >= target * static_cast<double>(blocks.size() + 1);
-    if (k == L - 1 || must || want) {
-      blocks.emplace_back(first, k);
-      first = k + 1;
-    }
+std::vector<int> block_of_layer(const ImageInfo& info, const Blocks& blocks) {
+  std::vector<int> of(info.layers.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (int k = blocks[b].first; k <= blocks[b].second; ++k) of[k] = static_cast<int>(b);
   }
-  return blocks;
+  return of;
 }
 
-std::vector<std::pair<int, int>> from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std::string& origin) {
-  std::vector<std::pair<int, int>> blocks;
+Blocks from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std::string& origin) {
+  Blocks blocks;
   int first = 0;
   const int L = static_cast<int>(info.layers.size());
   for (int c : cuts) {
@@ -141,39 +137,44 @@ std::vector<std::pair<int, int>> from_cuts(const ImageInfo& info, const std::vec
   return blocks;
 }
 
-ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, std::vector<std::pair<int, int>> blocks) {
+// One block is kept resident (read once), as before partitions had flags.
+std::vector<char> default_flags(const Blocks& blocks) { return std::vector<char>(blocks.size(), blocks.size() == 1); }
+
+ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
+                          const std::vector<LayerCost>& costs, const CostModel& m) {
   ExecutionPlan p;
+  Partition part;
+  part.blocks = blocks;
+  part.resident = resident;
+  evaluate(costs, m, &part);
   p.blocks = std::move(blocks);
-  std::vector<int> block_of_layer(info.layers.size());
-  for (size_t b = 0; b < p.blocks.size(); ++b) {
+  p.resident = std::move(resident);
+  for (const auto& [first, last] : p.blocks) {
     std::uint64_t bytes = 0;
-    for (int k = p.blocks[b].first; k <= p.blocks[b].second; ++k) {
-      block_of_layer[k] = static_cast<int>(b);
-      bytes += info.layers[k].size;
-    }
+    for (int k = first; k <= last; ++k) bytes += info.layers[k].size;
     p.block_bytes.push_back(bytes);
   }
-  p.resident = p.blocks.size() == 1;
-  p.arena_bytes = p.block_bytes[0];
-  for (size_t b = 0; b + 1 < p.blocks.size(); ++b) {
-    p.arena_bytes = std::max(p.arena_bytes, p.block_bytes[b] + p.block_bytes[b + 1]);
-  }
+  p.arena_bytes = part.arena_bytes;
+  p.resident_bytes = part.resident_bytes;
+  p.read_bytes = part.read_bytes;
+  p.predicted_ms = part.predicted_ms;
   p.activation_bytes = info.activation_bytes;
-  p.pinned_bytes = pinned_bytes(info, sk, block_of_layer, nullptr);
+  p.pinned_bytes = pinned_bytes(info, sk, block_of_layer(info, p.blocks), p.resident, nullptr);
   return p;
 }
 
-std::uint64_t total(const ExecutionPlan& p) { return p.arena_bytes + p.activation_bytes + p.pinned_bytes; }
-
 std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk) {
-  std::vector<std::pair<int, int>> finest;
-  for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
-  if (finest.empty()) return info.activation_bytes;
-  ExecutionPlan p = finish_plan(info, sk, finest);
+  const int L = static_cast<int>(info.layers.size());
+  if (L == 0) return info.activation_bytes;
+  const std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
+  Blocks finest;
+  for (int k = 0; k < L; ++k) finest.emplace_back(k, k);
+  const CostModel m;
+  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m);
   // The finest partition minimises the largest adjacent pair; one block may still be smaller
   // (a one- or two-layer model).
-  ExecutionPlan one = finish_plan(info, sk, {{0, static_cast<int>(info.layers.size()) - 1}});
-  return std::min(total(p), total(one));
+  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m);
+  return std::min(p.total(), one.total());
 }
 
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
@@ -184,24 +185,57 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
                  ": the two largest adjacent layers + " + format_bytes(info.activation_bytes) + " of activations)");
   };
   if (info.layers.empty()) throw Error(origin + ": the image has no layers");
-  if (!o.partition.empty() || o.blocks > 0) {
-    ExecutionPlan p = finish_plan(info, sk, o.partition.empty() ? equal_bytes(info, o.blocks)
-                                                                : from_cuts(info, o.partition, origin));
+  const int L = static_cast<int>(info.layers.size());
+  const std::vector<LayerCost> costs = layer_costs(info, o);
+  auto done = [&](ExecutionPlan p) {
     p.min_budget = minimum;
-    if (total(p) > o.budget) {
-      throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
-                      format_bytes(total(p)) + ")");
-    }
     return p;
+  };
+  if (!o.partition.empty() || o.blocks > 0) {
+    Blocks blocks = o.partition.empty() ? equal_bytes_blocks(costs, o.blocks) : from_cuts(info, o.partition, origin);
+    std::vector<char> flags = o.resident.empty() ? default_flags(blocks) : std::vector<char>(blocks.size(), 0);
+    for (int r : o.resident) {
+      if (r < 0 || r >= static_cast<int>(blocks.size())) {
+        throw Error(origin + ": resident block " + std::to_string(r) + " is not one of the partition's blocks 0.." +
+                    std::to_string(blocks.size() - 1));
+      }
+      flags[r] = 1;
+    }
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost);
+    if (p.total() > o.budget) {
+      throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
+                      format_bytes(p.total()) + ")");
+    }
+    return done(std::move(p));
   }
   if (o.budget < minimum) throw too_small("is below the minimum");
-  // The fewest equal-byte blocks whose adjacent pairs fit: fewer blocks, fewer boundaries.
-  for (int n = 1; n <= static_cast<int>(info.layers.size()); ++n) {
-    ExecutionPlan p = finish_plan(info, sk, equal_bytes(info, n));
-    if (total(p) <= o.budget) {
-      p.min_budget = minimum;
-      return p;
+  if (o.planner == ExecutorOptions::Planner::kOptimal) {
+    // The partitioner plans the arena and the resident blocks; the rest of the budget holds
+    // activations and pinned shared weights, reserved at the finest partition's pinned bytes
+    // (an upper bound: coarser blocks and resident blocks pin fewer).
+    ExecutionPlan finest = finish_plan(info, sk, [&] {
+      Blocks b;
+      for (int k = 0; k < L; ++k) b.emplace_back(k, k);
+      return b;
+    }(), std::vector<char>(L, 0), costs, o.cost);
+    const std::uint64_t reserve = finest.activation_bytes + finest.pinned_bytes;
+    if (o.budget > reserve) {
+      PartitionOptions po;
+      po.residency = o.residency;
+      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, po);
+      if (best.feasible) {
+        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost);
+        if (p.total() <= o.budget) return done(std::move(p));
+      }
     }
+    // Near the minimum the reserve is too coarse: fall through to equal bytes, which is exact.
+  }
+  // The fewest equal-byte blocks whose adjacent pairs fit: fewer blocks, fewer boundaries.
+  for (int n = 1; n <= L; ++n) {
+    Blocks blocks = equal_bytes_blocks(costs, n);
+    std::vector<char> flags = default_flags(blocks);
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost);
+    if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.
   throw Error(origin + ": internal: no partition fits " + std::to_string(o.budget) + " bytes above the minimum");
@@ -226,8 +260,11 @@ struct Executor::Impl {
   ExecutorOptions opt;
   ExecutionPlan plan;
   std::unique_ptr<BlockReader> reader;
-  std::unique_ptr<Arena> arena;
-  std::vector<int> pinned;            // slot indices kept resident
+  std::unique_ptr<Arena> arena;      // swapped blocks, two-ended
+  std::unique_ptr<Arena> kept;       // resident blocks, one after another
+  std::vector<std::uint64_t> kept_at;  // per block: its offset in `kept` (resident blocks)
+  std::vector<int> swapped;          // indices of the swapped blocks, in order
+  std::vector<int> pinned;           // slot indices kept resident
   void* pinned_buf = nullptr;
   std::vector<at::Tensor> pinned_views;
   std::vector<bool> verified;  // per layer: its checksum has passed once since open
@@ -255,6 +292,24 @@ struct Executor::Impl {
 
   void rebind_pinned() {
     for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
+  }
+  void bind_resident() {
+    for (size_t b = 0; b < plan.blocks.size(); ++b) {
+      if (!plan.resident[b]) continue;
+      sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, kept->base() + kept_at[b], offset(b));
+    }
+  }
+  // Reads every resident block (once per plan) and binds it.
+  void load_resident() {
+    for (size_t b = 0; b < plan.blocks.size(); ++b) {
+      if (!plan.resident[b] || plan.block_bytes[b] == 0) continue;
+      Status s = reader->read(offset(b), plan.block_bytes[b], kept->base() + kept_at[b], checks_for(b));
+      if (!s.ok()) throw Error(s.message() + " (resident block " + std::to_string(b) + ")");
+      mark_verified(b);
+    }
+    bind_resident();
+    rebind_pinned();
+    resident_loaded = true;
   }
 
   std::uint64_t offset(size_t b) const { return info.layers[plan.blocks[b].first].offset; }
@@ -288,30 +343,46 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
 }
 
 void adopt(Executor::Impl& m, ExecutionPlan p) {
-  m.arena->release(false);  // a resident block of the old plan
+  m.arena->release(false);
   m.arena->release(true);
   if (p.arena_bytes > m.arena->capacity()) {
     m.arena.reset();
     m.arena = Arena::create(p.arena_bytes, m.opt.memory);
   }
   m.arena->set_budget(std::max<std::uint64_t>(p.arena_bytes, kImageAlign));  // shrinking drops pages
+  m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+  m.resident_loaded = false;
+  // Resident blocks: their own arena, laid out one after another; re-read when the plan changes.
+  if (m.kept) m.kept->release(false);
+  m.kept.reset();
+  m.kept_at.assign(p.blocks.size(), 0);
+  m.swapped.clear();
+  std::uint64_t kept_bytes = 0;
+  for (size_t b = 0; b < p.blocks.size(); ++b) {
+    if (p.resident[b]) {
+      m.kept_at[b] = kept_bytes;
+      kept_bytes += p.block_bytes[b];
+    } else {
+      m.swapped.push_back(static_cast<int>(b));
+    }
+  }
+  if (kept_bytes > 0) {
+    m.kept = Arena::create(kept_bytes, m.opt.memory);
+    if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
+  }
   // io_uring fixed buffers pin the pages they cover when registered: register exactly the
   // budget (not the reservation, which would pin the whole model), and again after every
   // change, since pages dropped by a shrink would otherwise stay pinned and stale.
-  m.reader->register_buffers({{m.arena->base(), m.arena->budget()}});
-  m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
-  m.resident_loaded = false;
+  std::vector<std::pair<void*, std::size_t>> bufs = {{m.arena->base(), m.arena->budget()}};
+  if (m.kept) bufs.emplace_back(m.kept->base(), kept_bytes);
+  m.reader->register_buffers(bufs);
   m.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
   m.pinned.clear();
   m.pinned_views.clear();
   free_aligned(m.pinned_buf);
   m.pinned_buf = nullptr;
-  std::vector<int> block_of_layer(m.info.layers.size());
-  for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
-    for (int k = m.plan.blocks[b].first; k <= m.plan.blocks[b].second; ++k) block_of_layer[k] = static_cast<int>(b);
-  }
-  pinned_bytes(m.info, m.sk, block_of_layer, &m.pinned);
+  pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
   if (!m.pinned.empty()) {
     std::uint64_t need = 0;
     std::vector<std::uint64_t> at;
@@ -344,9 +415,11 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     free_aligned(scratch);
     m.rebind_pinned();
   }
-  log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks, arena " +
-                           format_bytes(m.plan.arena_bytes) + " (" + to_string(m.arena->kind()) + "), activations " +
-                           format_bytes(m.plan.activation_bytes) + ", pinned " + format_bytes(m.plan.pinned_bytes));
+  log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
+                           std::to_string(m.plan.blocks.size() - m.swapped.size()) + " resident, " +
+                           format_bytes(m.plan.resident_bytes) + "), arena " + format_bytes(m.plan.arena_bytes) + " (" +
+                           to_string(m.arena->kind()) + "), activations " + format_bytes(m.plan.activation_bytes) +
+                           ", pinned " + format_bytes(m.plan.pinned_bytes));
 }
 
 void Executor::set_budget(std::uint64_t bytes) {
@@ -354,6 +427,7 @@ void Executor::set_budget(std::uint64_t bytes) {
   o.budget = bytes;
   o.partition.clear();
   o.blocks = 0;
+  o.resident.clear();
   ExecutionPlan p = plan_for(impl_->info, impl_->sk, o, impl_->path);  // throws if infeasible: nothing changes
   impl_->opt = o;
   adopt(*impl_, std::move(p));
@@ -362,61 +436,66 @@ void Executor::set_budget(std::uint64_t bytes) {
 c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   Impl& m = *impl_;
   const size_t n = m.plan.blocks.size();
-  Skeleton::Run run = m.sk.begin(std::move(inputs));
-  if (m.plan.resident) {
-    if (!m.resident_loaded) {
-      void* p = m.arena->place(false, m.plan.block_bytes[0]);
-      Status s = m.reader->read(m.offset(0), m.plan.block_bytes[0], p, m.checks_for(0));
-      if (!s.ok()) {
-        m.arena->release(false);
-        throw Error(s.message());
-      }
-      m.mark_verified(0);
-      m.sk.bind_layers(m.plan.blocks[0].first, m.plan.blocks[0].second, p, m.offset(0));
-      m.rebind_pinned();
-      m.resident_loaded = true;
-    }
-    m.sk.run_layers(run, static_cast<int>(m.info.layers.size()));
-    return m.sk.finish(run);
-  }
-  // Two blocks in flight: block b at arena end b % 2 (Note [Two-ended arena]).
   BlockReader::Ticket pending = 0;
-  auto submit = [&](size_t b) {
-    void* p = m.arena->place(b % 2 == 1, m.plan.block_bytes[b]);
-    if (p == nullptr) {
-      throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
-    }
-    pending = m.reader->submit(m.offset(b), m.plan.block_bytes[b], p, m.checks_for(b));
-    return p;
-  };
-  // On any error: wait for the read in flight (it writes into the arena), release everything,
-  // unbind, so the next forward starts clean.
+  // On any error: wait for the read in flight (it writes into the arena), release the swapped
+  // blocks, unbind them, so the next forward starts clean (resident blocks stay loaded).
   auto cleanup = [&] {
     if (pending) m.reader->wait(pending);
     pending = 0;
     m.arena->release(false);
     m.arena->release(true);
     m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+    if (m.resident_loaded) m.bind_resident();
     m.rebind_pinned();
   };
+  if (!m.resident_loaded) {
+    try {
+      m.load_resident();
+    } catch (...) {
+      m.resident_loaded = false;
+      cleanup();
+      throw;
+    }
+  }
+  Skeleton::Run run = m.sk.begin(std::move(inputs));
+  // Swapped blocks alternate between the arena's ends (Note [Two-ended arena]): the s-th swapped
+  // block goes to end s % 2, so the next one is fetched while this one runs.
+  size_t next_s = 0;  // the next swapped block to submit
+  auto submit = [&]() -> void* {
+    if (next_s >= m.swapped.size()) return nullptr;
+    const size_t b = static_cast<size_t>(m.swapped[next_s]);
+    void* p = m.arena->place(next_s % 2 == 1, m.plan.block_bytes[b]);
+    if (p == nullptr) {
+      throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
+    }
+    pending = m.reader->submit(m.offset(b), m.plan.block_bytes[b], p, m.checks_for(b));
+    ++next_s;
+    return p;
+  };
   try {
-    void* cur = submit(0);
+    void* cur = submit();  // fetched during the resident blocks before it
+    size_t s = 0;          // swapped blocks run so far
     for (size_t b = 0; b < n; ++b) {
-      Status s = m.reader->wait(pending);
-      pending = 0;
-      if (!s.ok()) throw Error(s.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
-      m.mark_verified(b);
       const auto [first, last] = m.plan.blocks[b];
+      if (m.plan.resident[b]) {
+        m.sk.run_layers(run, last + 1);
+        continue;
+      }
+      Status st = m.reader->wait(pending);
+      pending = 0;
+      if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
+      m.mark_verified(b);
       auto t0 = std::chrono::steady_clock::now();
       m.sk.bind_layers(first, last, cur, m.offset(b));
       m.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (int k = first; k <= last; ++k) m.bound += m.sk.layers()[k].slots.size();
       m.rebind_pinned();
-      void* next = b + 1 < n ? submit(b + 1) : nullptr;
+      void* next = submit();
       m.sk.run_layers(run, last + 1);
       m.sk.unbind_layers(first, last);  // swap-out: drop the views, release the arena end
       m.rebind_pinned();
-      m.arena->release(b % 2 == 1);
+      m.arena->release(s % 2 == 1);
+      ++s;
       cur = next;
     }
   } catch (...) {

@@ -1,8 +1,22 @@
-// Exact partitioning by dynamic programming, exhaustive search for tests, and the budget grid.
+// Partitions: the pipeline prediction, the exact DP for a given set of resident layers, the
+// choice of resident layers, the budget grid and the paper's table; the device profile file and
+// the non-negative least squares it is fitted with.
 #include "swapnet/partitioner.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <set>
+#include <tuple>
 
 namespace swapnet {
 namespace {
@@ -20,142 +34,312 @@ struct Prefix {
       exec[i + 1] = exec[i] + l[i].exec_ms;
     }
   }
-  std::uint64_t b(int i, int j) const { return bytes[j + 1] - bytes[i]; }  // layers [i, j]
-  double t_in(int i, int j, const CostModel& m) const {
-    return m.alpha_ms_per_byte * static_cast<double>(b(i, j)) +
-           m.beta_ms_per_tensor * static_cast<double>(tensors[j + 1] - tensors[i]);
+  // All over layers [i, j]; empty (0) when j < i.
+  std::uint64_t b(int i, int j) const { return j < i ? 0 : bytes[j + 1] - bytes[i]; }
+  double n(int i, int j) const { return j < i ? 0.0 : static_cast<double>(tensors[j + 1] - tensors[i]); }
+  double ex(int i, int j) const { return j < i ? 0.0 : exec[j + 1] - exec[i]; }
+  double io(int i, int j, const CostModel& m) const {
+    return m.alpha_ms_per_byte * static_cast<double>(b(i, j)) + m.block_ms;
   }
-  double t_ex(int i, int j) const { return exec[j + 1] - exec[i]; }
-  double t_out(int i, int j, const CostModel& m) const {
-    return m.eta_ms_per_tensor * static_cast<double>(tensors[j + 1] - tensors[i]);
-  }
+  double bind(int i, int j, const CostModel& m) const { return m.beta_ms_per_tensor * n(i, j); }
+  double out(int i, int j, const CostModel& m) const { return m.eta_ms_per_tensor * n(i, j); }
 };
+
+// Blocks from swapped blocks (in order) and resident flags per layer: maximal resident runs
+// become resident blocks.
+void assemble(const std::vector<char>& resident_layer, const Blocks& swapped, Partition* p) {
+  const int L = static_cast<int>(resident_layer.size());
+  p->blocks.clear();
+  p->resident.clear();
+  size_t s = 0;
+  for (int k = 0; k < L;) {
+    if (resident_layer[k]) {
+      int e = k;
+      while (e + 1 < L && resident_layer[e + 1]) ++e;
+      p->blocks.emplace_back(k, e);
+      p->resident.push_back(1);
+      k = e + 1;
+    } else {
+      p->blocks.push_back(swapped[s]);
+      p->resident.push_back(0);
+      k = swapped[s++].second + 1;
+    }
+  }
+}
 
 }  // namespace
 
-double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const CostModel& m) {
-  if (blocks.empty()) return 0;
+double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
+                  const CostModel& m) {
   Prefix p(layers);
-  // One block stays resident (the executor reads it once): per inference only execution.
-  if (blocks.size() == 1) return p.t_ex(blocks[0].first, blocks[0].second);
-  double t = p.t_in(blocks[0].first, blocks[0].second, m);
+  double t = 0;           // compute clock
+  double fetched = 0;     // when the next swapped block's fetch completes
+  // The first swapped block is fetched from time 0, during the resident prefix.
   for (size_t b = 0; b < blocks.size(); ++b) {
-    double next_in = b + 1 < blocks.size() ? p.t_in(blocks[b + 1].first, blocks[b + 1].second, m) : 0.0;
-    t += std::max(p.t_ex(blocks[b].first, blocks[b].second), next_in);
+    if (!resident[b]) {
+      fetched = p.io(blocks[b].first, blocks[b].second, m);
+      break;
+    }
   }
-  return t + p.t_out(blocks.back().first, blocks.back().second, m);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const auto [i, j] = blocks[b];
+    if (resident[b]) {
+      t += p.ex(i, j);
+      continue;
+    }
+    t = std::max(t, fetched) + p.bind(i, j, m);
+    // Submit the next swapped block now (this one is bound; the one before it is released).
+    for (size_t c = b + 1; c < blocks.size(); ++c) {
+      if (!resident[c]) {
+        fetched = t + p.io(blocks[c].first, blocks[c].second, m);
+        break;
+      }
+    }
+    t += p.ex(i, j) + p.out(i, j, m);
+  }
+  return t + m.inference_ms;
 }
 
-std::uint64_t arena_bytes(const std::vector<LayerCost>& layers, const Blocks& blocks) {
+void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* part) {
   Prefix p(layers);
-  std::uint64_t worst = blocks.empty() ? 0 : p.b(blocks[0].first, blocks[0].second);
-  for (size_t b = 0; b + 1 < blocks.size(); ++b) {
-    worst = std::max(worst, p.b(blocks[b].first, blocks[b].second) + p.b(blocks[b + 1].first, blocks[b + 1].second));
+  part->arena_bytes = part->resident_bytes = part->read_bytes = 0;
+  std::uint64_t prev = 0;
+  bool have_prev = false;
+  for (size_t b = 0; b < part->blocks.size(); ++b) {
+    const std::uint64_t s = p.b(part->blocks[b].first, part->blocks[b].second);
+    if (part->resident[b]) {
+      part->resident_bytes += s;
+      continue;
+    }
+    part->read_bytes += s;
+    part->arena_bytes = std::max(part->arena_bytes, have_prev ? prev + s : s);
+    prev = s;
+    have_prev = true;
   }
-  return worst;
+  part->predicted_ms = predict_ms(layers, part->blocks, part->resident, m);
 }
 
 std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers) {
   if (layers.size() <= 1) return layers.empty() ? 0 : layers[0].bytes;
   std::uint64_t worst = 0;
   for (size_t k = 0; k + 1 < layers.size(); ++k) worst = std::max(worst, layers[k].bytes + layers[k + 1].bytes);
-  // One block holding everything can be smaller than the finest pairs only for tiny models.
   std::uint64_t all = 0;
   for (const auto& l : layers) all += l.bytes;
   return std::min(worst, all);
 }
 
-Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t arena, const CostModel& m) {
+Partition optimal_partition_for(const std::vector<LayerCost>& layers, const std::vector<char>& resident_layer,
+                                std::uint64_t capacity, const CostModel& m) {
   Partition best;
   const int L = static_cast<int>(layers.size());
-  if (L == 0) return best;
+  if (L == 0 || static_cast<int>(resident_layer.size()) != L) return best;
   Prefix p(layers);
-  // One block: no pipeline.
-  if (p.b(0, L - 1) <= arena) {
+  std::uint64_t resident_bytes = 0;
+  for (int k = 0; k < L; ++k) resident_bytes += resident_layer[k] ? layers[k].bytes : 0;
+  if (resident_bytes > capacity) return best;
+  const std::uint64_t arena = capacity - resident_bytes;
+  std::vector<int> prev_nr(L, -1), run_start(L, -1);  // previous swapped layer; start of this swapped run
+  int last_nr = -1;
+  for (int k = 0; k < L; ++k) {
+    prev_nr[k] = last_nr;
+    if (!resident_layer[k]) {
+      run_start[k] = (k > 0 && !resident_layer[k - 1]) ? run_start[k - 1] : k;
+      last_nr = k;
+    }
+  }
+  if (last_nr < 0) {  // everything resident
+    assemble(resident_layer, {}, &best);  // (evaluate adds inference_ms)
+    evaluate(layers, m, &best);
     best.feasible = true;
-    best.blocks = {{0, L - 1}};
-    best.predicted_ms = predict_ms(layers, best.blocks, m);
-    best.max_pair_bytes = p.b(0, L - 1);
+    return best;
   }
-  // dp[i][j]: least time until block [i, j] has been fetched, with every earlier step counted;
-  // the step from the previous block [k, i-1] costs max(t_ex(k..i-1), t_in(i..j)).
-  std::vector<std::vector<double>> dp(L, std::vector<double>(L, kInf));
-  std::vector<std::vector<int>> from(L, std::vector<int>(L, -1));
-  for (int j = 0; j < L; ++j) {
-    if (p.b(0, j) <= arena) dp[0][j] = p.t_in(0, j, m);
-  }
-  for (int i = 1; i < L; ++i) {
-    for (int j = i; j < L; ++j) {
+  // dp[i][j]: earliest start (fetch complete) of swapped block [i, j] over partitions of the
+  // swapped layers before it; from[i][j] the first layer of the block before it.
+  std::vector<std::vector<double>> dp(L);
+  std::vector<std::vector<int>> from(L);
+  for (int i = 0; i < L; ++i) {
+    if (resident_layer[i]) continue;
+    dp[i].assign(L - i, kInf);
+    from[i].assign(L - i, -1);
+    const int e = prev_nr[i];  // the previous block ends here
+    for (int j = i; j < L && !resident_layer[j]; ++j) {
       const std::uint64_t cur = p.b(i, j);
       if (cur > arena) break;  // longer blocks only grow
-      const double t_in = p.t_in(i, j, m);
-      for (int k = i - 1; k >= 0; --k) {
-        if (p.b(k, i - 1) + cur > arena) break;
-        if (dp[k][i - 1] == kInf) continue;
-        double t = dp[k][i - 1] + std::max(p.t_ex(k, i - 1), t_in);
-        if (t < dp[i][j]) {
-          dp[i][j] = t;
-          from[i][j] = k;
+      const double io = p.io(i, j, m);
+      if (e < 0) {
+        dp[i][j - i] = std::max(p.ex(0, i - 1), io);  // fetched during the resident prefix
+        continue;
+      }
+      const double gap = p.ex(e + 1, i - 1);
+      for (int k = e; k >= run_start[e]; --k) {
+        if (p.b(k, e) + cur > arena) break;
+        const double prev = dp[k][e - k];
+        if (prev == kInf) continue;
+        const double t = prev + p.bind(k, e, m) + std::max(p.ex(k, e) + p.out(k, e, m) + gap, io);
+        if (t < dp[i][j - i]) {
+          dp[i][j - i] = t;
+          from[i][j - i] = k;
         }
       }
     }
   }
-  double t_best = best.feasible ? best.predicted_ms : kInf;
+  double t_best = kInf;
   int last = -1;
-  for (int i = 1; i < L; ++i) {
-    if (dp[i][L - 1] == kInf) continue;
-    double t = dp[i][L - 1] + p.t_ex(i, L - 1) + p.t_out(i, L - 1, m);
+  for (int i = run_start[last_nr]; i <= last_nr; ++i) {
+    const double d = dp[i][last_nr - i];
+    if (d == kInf) continue;
+    const double t = d + p.bind(i, last_nr, m) + p.ex(i, last_nr) + p.out(i, last_nr, m) + p.ex(last_nr + 1, L - 1) +
+                     m.inference_ms;
     if (t < t_best) {
       t_best = t;
       last = i;
     }
   }
-  if (last >= 0) {
-    Blocks blocks;
-    int i = last, j = L - 1;
-    while (i > 0) {
-      blocks.emplace_back(i, j);
-      int k = from[i][j];
-      j = i - 1;
-      i = k;
+  if (last < 0) return best;
+  Blocks swapped;
+  for (int i = last, j = last_nr; i >= 0;) {
+    swapped.emplace_back(i, j);
+    const int k = from[i][j - i];
+    j = prev_nr[i];
+    i = k;
+  }
+  std::reverse(swapped.begin(), swapped.end());
+  assemble(resident_layer, swapped, &best);
+  evaluate(layers, m, &best);
+  best.feasible = true;
+  return best;
+}
+
+Partition exhaustive_partition_for(const std::vector<LayerCost>& layers, const std::vector<char>& resident_layer,
+                                   std::uint64_t capacity, const CostModel& m) {
+  Partition best;
+  const int L = static_cast<int>(layers.size());
+  if (L == 0 || static_cast<int>(resident_layer.size()) != L) return best;
+  std::vector<int> free_cuts;  // cut after k possible: k and k+1 both swapped
+  for (int k = 0; k + 1 < L; ++k) {
+    if (!resident_layer[k] && !resident_layer[k + 1]) free_cuts.push_back(k);
+  }
+  if (free_cuts.size() > 24) return best;
+  for (std::uint32_t mask = 0; mask < (1u << free_cuts.size()); ++mask) {
+    Blocks swapped;
+    int first = -1;
+    for (int k = 0; k < L; ++k) {
+      if (resident_layer[k]) continue;
+      if (first < 0) first = k;
+      const bool end_run = k + 1 == L || resident_layer[k + 1];
+      const auto pos = std::find(free_cuts.begin(), free_cuts.end(), k) - free_cuts.begin();
+      const bool cut = !end_run && (mask >> pos) & 1u;
+      if (end_run || cut) {
+        swapped.emplace_back(first, k);
+        first = -1;
+      }
     }
-    blocks.emplace_back(0, j);
-    std::reverse(blocks.begin(), blocks.end());
-    best.feasible = true;
-    best.blocks = std::move(blocks);
-    best.predicted_ms = t_best;
-    best.max_pair_bytes = arena_bytes(layers, best.blocks);
+    Partition c;
+    assemble(resident_layer, swapped, &c);
+    evaluate(layers, m, &c);
+    if (c.memory() > capacity) continue;
+    if (!best.feasible || c.predicted_ms < best.predicted_ms) {
+      c.feasible = true;
+      best = std::move(c);
+    }
   }
   return best;
 }
 
-Partition exhaustive_partition(const std::vector<LayerCost>& layers, std::uint64_t arena, const CostModel& m) {
+Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::uint64_t capacity, const CostModel& m) {
   Partition best;
   const int L = static_cast<int>(layers.size());
-  if (L == 0 || L > 25) return best;
-  for (std::uint32_t mask = 0; mask < (1u << (L - 1)); ++mask) {  // bit k: cut after layer k
+  if (L == 0 || L > 12) return best;
+  for (std::uint32_t cuts = 0; cuts < (1u << (L - 1)); ++cuts) {
     Blocks blocks;
     int first = 0;
     for (int k = 0; k < L - 1; ++k) {
-      if (mask & (1u << k)) {
+      if (cuts & (1u << k)) {
         blocks.emplace_back(first, k);
         first = k + 1;
       }
     }
     blocks.emplace_back(first, L - 1);
-    if (arena_bytes(layers, blocks) > arena) continue;
-    double t = predict_ms(layers, blocks, m);
-    if (!best.feasible || t < best.predicted_ms) {
-      best.feasible = true;
-      best.blocks = blocks;
-      best.predicted_ms = t;
-      best.max_pair_bytes = arena_bytes(layers, blocks);
+    for (std::uint32_t flags = 0; flags < (1u << blocks.size()); ++flags) {
+      Partition c;
+      c.blocks = blocks;
+      for (size_t b = 0; b < blocks.size(); ++b) c.resident.push_back((flags >> b) & 1u);
+      evaluate(layers, m, &c);
+      if (c.memory() > capacity) continue;
+      if (!best.feasible || c.predicted_ms < best.predicted_ms - 1e-12) {
+        c.feasible = true;
+        best = std::move(c);
+      }
     }
   }
   return best;
 }
 
-PartitionTable::PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step) {
+Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t capacity, const CostModel& m,
+                            const PartitionOptions& options) {
+  const int L = static_cast<int>(layers.size());
+  std::vector<Partition> found;
+  std::set<std::vector<char>> tried;
+  auto consider = [&](std::vector<char> mask) {
+    // A weightless layer between resident neighbours (or the model's ends) is resident too, so
+    // it does not split a resident run into a swapped block of nothing.
+    for (int k = 0; k < L; ++k) {
+      if (mask[k] || layers[k].bytes != 0) continue;
+      int a = k - 1, b = k + 1;
+      while (a >= 0 && layers[a].bytes == 0) --a;
+      while (b < L && layers[b].bytes == 0) ++b;
+      const bool left = a < 0 || mask[a], right = b >= L || mask[b];
+      if (left && right && (a >= 0 || b < L)) mask[k] = 1;
+    }
+    if (!tried.insert(mask).second) return;
+    Partition p = optimal_partition_for(layers, mask, capacity, m);
+    if (p.feasible) found.push_back(std::move(p));
+  };
+  if (L == 0) return Partition{};
+  consider(std::vector<char>(L, 0));
+  if (options.residency) {
+    consider(std::vector<char>(L, 1));
+    // Candidate orders: a prefix of the model (its fetch is never hidden); the layers with the
+    // most bytes per millisecond of compute (their fetch is the hardest to hide).
+    std::vector<int> prefix(L), heavy;
+    for (int k = 0; k < L; ++k) {
+      prefix[k] = k;
+      if (layers[k].bytes) heavy.push_back(k);
+    }
+    std::stable_sort(heavy.begin(), heavy.end(), [&](int a, int b) {
+      return static_cast<double>(layers[a].bytes) / (layers[a].exec_ms + 1e-6) >
+             static_cast<double>(layers[b].bytes) / (layers[b].exec_ms + 1e-6);
+    });
+    for (const auto* order : {&prefix, &heavy}) {
+      for (int f = 1; f < 16; ++f) {
+        const double target = static_cast<double>(capacity) * f / 16.0;
+        std::vector<char> mask(L, 0);
+        double acc = 0;
+        for (int k : *order) {
+          if (acc + static_cast<double>(layers[k].bytes) > target) break;
+          acc += static_cast<double>(layers[k].bytes);
+          mask[k] = 1;
+        }
+        consider(std::move(mask));
+      }
+    }
+  }
+  if (found.empty()) return Partition{};
+  double fastest = kInf;
+  for (const auto& p : found) fastest = std::min(fastest, p.predicted_ms);
+  const Partition* pick = nullptr;
+  for (const auto& p : found) {
+    if (p.predicted_ms > fastest * (1 + options.tolerance)) continue;
+    if (pick == nullptr || p.read_bytes < pick->read_bytes ||
+        (p.read_bytes == pick->read_bytes && p.predicted_ms < pick->predicted_ms)) {
+      pick = &p;
+    }
+  }
+  return *pick;
+}
+
+PartitionTable::PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step,
+                               const PartitionOptions& options) {
   min_ = min_arena_bytes(layers);
   std::uint64_t total = 0;
   for (const auto& l : layers) total += l.bytes;
@@ -163,15 +347,278 @@ PartitionTable::PartitionTable(const std::vector<LayerCost>& layers, const CostM
   for (std::uint64_t a = min_;; a += step) {
     a = std::min(a, total);
     grid_.push_back(a);
-    parts_.push_back(optimal_partition(layers, a, m));
+    parts_.push_back(optimal_partition(layers, a, m, options));
     if (a >= total) break;
   }
 }
 
-const Partition& PartitionTable::lookup(std::uint64_t arena) const {
-  auto it = std::upper_bound(grid_.begin(), grid_.end(), arena);
+const Partition& PartitionTable::lookup(std::uint64_t capacity) const {
+  auto it = std::upper_bound(grid_.begin(), grid_.end(), capacity);
   if (it == grid_.begin()) return infeasible_;
   return parts_[static_cast<size_t>(it - grid_.begin()) - 1];
+}
+
+Blocks equal_bytes_blocks(const std::vector<LayerCost>& layers, int n) {
+  Blocks blocks;
+  const int L = static_cast<int>(layers.size());
+  if (L == 0) return blocks;
+  n = std::max(1, std::min(n, L));
+  double total = 0;
+  for (const auto& l : layers) total += static_cast<double>(l.bytes);
+  const double target = total / n;
+  int first = 0;
+  double acc = 0;
+  for (int k = 0; k < L; ++k) {
+    acc += static_cast<double>(layers[k].bytes);
+    const int blocks_after = n - static_cast<int>(blocks.size()) - 1;  // still to open after this one
+    const int layers_after = L - k - 1;
+    const bool must = blocks_after > 0 && layers_after == blocks_after;  // one layer each from here
+    const bool want = blocks_after > 0 && acc >= target * static_cast<double>(blocks.size() + 1);
+    if (k == L - 1 || must || want) {
+      blocks.emplace_back(first, k);
+      first = k + 1;
+    }
+  }
+  return blocks;
+}
+
+std::vector<PaperRow> paper_table(const std::vector<LayerCost>& layers, const CostModel& m, int max_blocks) {
+  std::vector<PaperRow> rows;
+  max_blocks = std::min<int>(max_blocks, static_cast<int>(layers.size()));
+  for (int n = 1; n <= max_blocks; ++n) {
+    PaperRow r;
+    r.n = n;
+    r.partition.blocks = equal_bytes_blocks(layers, n);
+    r.partition.resident.assign(r.partition.blocks.size(), n == 1 ? 1 : 0);  // one block: kept
+    evaluate(layers, m, &r.partition);
+    r.partition.feasible = true;
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+const Partition* paper_lookup(const std::vector<PaperRow>& table, std::uint64_t capacity) {
+  const Partition* best = nullptr;
+  for (const auto& r : table) {
+    if (r.partition.memory() > capacity) continue;
+    if (best == nullptr || r.partition.predicted_ms < best->predicted_ms) best = &r.partition;
+  }
+  return best;
+}
+
+// ---- least squares ------------------------------------------------------------------------
+
+namespace {
+
+// Solves A x = b (n x n, Gaussian elimination with partial pivoting); false if singular.
+bool solve(std::vector<std::vector<double>> A, std::vector<double> b, std::vector<double>* x) {
+  const size_t n = b.size();
+  for (size_t c = 0; c < n; ++c) {
+    size_t piv = c;
+    for (size_t r = c + 1; r < n; ++r) {
+      if (std::fabs(A[r][c]) > std::fabs(A[piv][c])) piv = r;
+    }
+    if (std::fabs(A[piv][c]) < 1e-300) return false;
+    std::swap(A[c], A[piv]);
+    std::swap(b[c], b[piv]);
+    for (size_t r = c + 1; r < n; ++r) {
+      const double f = A[r][c] / A[c][c];
+      for (size_t k = c; k < n; ++k) A[r][k] -= f * A[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  x->assign(n, 0);
+  for (size_t c = n; c-- > 0;) {
+    double s = b[c];
+    for (size_t k = c + 1; k < n; ++k) s -= A[c][k] * (*x)[k];
+    (*x)[c] = s / A[c][c];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<double> fit_nonnegative(const std::vector<std::vector<double>>& X, const std::vector<double>& y) {
+  const size_t p = X.empty() ? 0 : X[0].size();
+  std::vector<double> best(p, 0.0);
+  double best_sse = 0;
+  for (double v : y) best_sse += v * v;  // all-zero coefficients
+  for (std::uint32_t subset = 1; subset < (1u << p); ++subset) {
+    std::vector<size_t> cols;
+    for (size_t c = 0; c < p; ++c) {
+      if (subset & (1u << c)) cols.push_back(c);
+    }
+    // Columns are scaled to unit norm first: bytes (~1e7) and counts (~10) in one system.
+    std::vector<double> scale(cols.size(), 0.0);
+    for (size_t a = 0; a < cols.size(); ++a) {
+      for (const auto& row : X) scale[a] += row[cols[a]] * row[cols[a]];
+      scale[a] = scale[a] > 0 ? std::sqrt(scale[a]) : 1.0;
+    }
+    std::vector<std::vector<double>> A(cols.size(), std::vector<double>(cols.size(), 0.0));
+    std::vector<double> b(cols.size(), 0.0), x;
+    for (size_t r = 0; r < X.size(); ++r) {
+      for (size_t a = 0; a < cols.size(); ++a) {
+        b[a] += X[r][cols[a]] / scale[a] * y[r];
+        for (size_t c = 0; c < cols.size(); ++c) A[a][c] += X[r][cols[a]] / scale[a] * X[r][cols[c]] / scale[c];
+      }
+    }
+    if (!solve(A, b, &x)) continue;
+    bool nonneg = true;
+    for (double v : x) nonneg &= v >= 0;
+    if (!nonneg) continue;
+    std::vector<double> coef(p, 0.0);
+    for (size_t a = 0; a < cols.size(); ++a) coef[cols[a]] = x[a] / scale[a];
+    double sse = 0;
+    for (size_t r = 0; r < X.size(); ++r) {
+      double pred = 0;
+      for (size_t c = 0; c < p; ++c) pred += coef[c] * X[r][c];
+      sse += (pred - y[r]) * (pred - y[r]);
+    }
+    if (sse < best_sse) {
+      best_sse = sse;
+      best = coef;
+    }
+  }
+  return best;
+}
+
+// ---- the profile file -----------------------------------------------------------------------
+
+namespace {
+
+std::string host_name() {
+  struct utsname u {};
+  return ::uname(&u) == 0 ? u.nodename : "";
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string default_profile_path() {
+  if (const char* p = std::getenv("SWAPNET_PROFILE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/swapnet/device.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/swapnet/device.json";
+}
+
+Status save_profile(const std::string& path, const DeviceProfile& p) {
+  nlohmann::json j = {{"version", p.version},
+                      {"host", p.host.empty() ? host_name() : p.host},
+                      {"cpu", p.cpu.empty() ? cpu_model() : p.cpu},
+                      {"threads", p.threads},
+                      {"created", p.created},
+                      {"image", p.image},
+                      {"raw_read_mb_s", p.raw_read_mb_s},
+                      {"alpha_ms_per_byte", p.cost.alpha_ms_per_byte},
+                      {"beta_ms_per_tensor", p.cost.beta_ms_per_tensor},
+                      {"block_ms", p.cost.block_ms},
+                      {"eta_ms_per_tensor", p.cost.eta_ms_per_tensor},
+                      {"inference_ms", p.cost.inference_ms},
+                      {"gamma_ms_per_flop", p.gamma_ms_per_flop},
+                      {"pipeline_extra_block_ms", p.pipeline_extra_block_ms},
+                      {"pipeline_error", p.pipeline_error},
+                      {"t_in_error", p.t_in_error},
+                      {"t_out_error", p.t_out_error},
+                      {"exec_error_flops", p.exec_error_flops},
+                      {"exec_error_measured", p.exec_error_measured},
+                      {"exec_source", p.exec_source}};
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    // Create the directory chain (~/.cache/swapnet) as needed.
+    std::string dir = path.substr(0, slash);
+    for (size_t pos = 1; pos <= dir.size(); ++pos) {
+      if (pos == dir.size() || dir[pos] == '/') (void)::mkdir(dir.substr(0, pos).c_str(), 0755);
+    }
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    if (!f) return Status::error(-1, path + ": cannot write the device profile (" + tmp + ")");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::error(-1, path + ": cannot rename " + tmp + " onto it");
+  return Status();
+}
+
+Status load_profile(const std::string& path, DeviceProfile* out) {
+  std::ifstream f(path);
+  if (!f) return Status::error(-1, path + ": no device profile there (run `swapnet profile IMAGE -o " + path + "`)");
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    return Status::error(-1, path + ": not a device profile (invalid JSON: " + e.what() + ")");
+  }
+  DeviceProfile p;
+  auto num = [&](const char* key, double* v, bool positive) -> Status {
+    if (!j.contains(key) || !j[key].is_number()) return Status::error(-1, path + ": field '" + key + "' is missing or not a number");
+    *v = j[key].get<double>();
+    if (!std::isfinite(*v) || *v < 0 || (positive && *v == 0)) {
+      return Status::error(-1, path + ": field '" + key + "' = " + std::to_string(*v) + " is out of range (must be " +
+                           (positive ? "> 0" : ">= 0") + ")");
+    }
+    return Status();
+  };
+  if (!j.is_object()) return Status::error(-1, path + ": not a device profile (not a JSON object)");
+  double version = 0, threads = 0;
+  if (Status s = num("version", &version, true); !s.ok()) return s;
+  if (static_cast<int>(version) != DeviceProfile::kVersion) {
+    return Status::error(-1, path + ": device profile version " + std::to_string(static_cast<int>(version)) +
+                                 ", this swapnet reads " + std::to_string(DeviceProfile::kVersion) +
+                                 " (run `swapnet profile` again)");
+  }
+  for (auto [key, v, pos] : {std::tuple<const char*, double*, bool>{"threads", &threads, true},
+                             {"raw_read_mb_s", &p.raw_read_mb_s, true},
+                             {"alpha_ms_per_byte", &p.cost.alpha_ms_per_byte, true},
+                             {"beta_ms_per_tensor", &p.cost.beta_ms_per_tensor, false},
+                             {"block_ms", &p.cost.block_ms, false},
+                             {"eta_ms_per_tensor", &p.cost.eta_ms_per_tensor, false},
+                             {"inference_ms", &p.cost.inference_ms, false},
+                             {"pipeline_extra_block_ms", &p.pipeline_extra_block_ms, false},
+                             {"pipeline_error", &p.pipeline_error, false},
+                             {"gamma_ms_per_flop", &p.gamma_ms_per_flop, false},
+                             {"t_in_error", &p.t_in_error, false},
+                             {"t_out_error", &p.t_out_error, false},
+                             {"exec_error_flops", &p.exec_error_flops, false},
+                             {"exec_error_measured", &p.exec_error_measured, false}}) {
+    Status s = num(key, v, pos);
+    if (!s.ok()) return s;
+  }
+  p.version = static_cast<int>(version);
+  p.threads = static_cast<int>(threads);
+  for (auto [key, v] : {std::pair<const char*, std::string*>{"host", &p.host},
+                        {"cpu", &p.cpu},
+                        {"created", &p.created},
+                        {"image", &p.image},
+                        {"exec_source", &p.exec_source}}) {
+    if (!j.contains(key) || !j[key].is_string()) return Status::error(-1, path + ": field '" + key + "' is missing or not a string");
+    *v = j[key].get<std::string>();
+  }
+  if (p.exec_source != "measured" && p.exec_source != "flops") {
+    return Status::error(-1, path + ": field 'exec_source' = '" + p.exec_source + "' is not measured|flops");
+  }
+  *out = std::move(p);
+  return Status();
+}
+
+std::string profile_mismatch(const DeviceProfile& p, int threads) {
+  if (p.host != host_name()) return "it was measured on host '" + p.host + "', this is '" + host_name() + "'";
+  if (p.cpu != cpu_model()) return "it was measured on CPU '" + p.cpu + "', this is '" + cpu_model() + "'";
+  if (p.threads != threads) {
+    return "it was measured with " + std::to_string(p.threads) + " threads, this run uses " + std::to_string(threads);
+  }
+  return "";
 }
 
 }  // namespace swapnet

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "swapnet/allocator.h"
+#include "swapnet/partitioner.h"
 #include "swapnet/swapcore.h"
 
 namespace torch {
@@ -171,9 +172,20 @@ SWAPNET_API std::uint64_t measure_activation_bytes(const Skeleton& sk, const std
 
 // ---- swapped execution ----
 struct ExecutorOptions {
-  std::uint64_t budget = 0;      // bytes for this model: block arena + activations + pinned slots
+  std::uint64_t budget = 0;      // bytes for this model: arena + resident blocks + activations + pinned slots
+  // How blocks are chosen when neither `partition` nor `blocks` is given:
+  //  kOptimal: the partitioner's best partition for `cost` (resident blocks where the budget
+  //            leaves room; docs/partitioner.md);
+  //  kEqual:   the fewest equal-byte blocks that fit, all swapped (one block: kept resident).
+  enum class Planner { kOptimal, kEqual } planner = Planner::kOptimal;
+  CostModel cost;                // device coefficients for kOptimal (swapnet profile)
+  bool residency = true;         // kOptimal may keep blocks resident across inferences
+  // Execution times for kOptimal: the image's measured per-layer times (true), or gamma * FLOPs.
+  bool measured_exec = true;
+  double gamma_ms_per_flop = 0;
   std::vector<int> partition;    // first layer of each block after the first; empty: by `blocks`
-  int blocks = 0;                // equal-byte blocks; 0: the fewest that fit the budget
+  int blocks = 0;                // equal-byte blocks; 0: planned as `planner` says
+  std::vector<int> resident;     // with `partition` or `blocks`: indices of blocks kept resident
   // Checksums of fetched layers: the first fetch of each layer after open (default; a corrupt
   // image fails the first inference), every fetch, or never. Every fetch costs ~20 % of
   // latency when compute already uses every core (docs/executor.md).
@@ -185,12 +197,20 @@ struct ExecutorOptions {
 struct ExecutionPlan {
   std::vector<std::pair<int, int>> blocks;  // [first, last] layers of each block
   std::vector<std::uint64_t> block_bytes;   // aligned bytes of each block
-  std::uint64_t arena_bytes = 0;            // two-ended arena: max adjacent pair
+  std::vector<char> resident;               // per block: 1 = read once and kept across inferences
+  std::uint64_t arena_bytes = 0;            // two-ended arena: largest pair of consecutive swapped blocks
+  std::uint64_t resident_bytes = 0;         // resident blocks
+  std::uint64_t read_bytes = 0;             // read per inference: the swapped blocks
   std::uint64_t activation_bytes = 0;       // reserved for activations (measured at pack time)
-  std::uint64_t pinned_bytes = 0;           // slots read outside their block, kept resident
+  std::uint64_t pinned_bytes = 0;           // slots read outside their (swapped) block, kept resident
   std::uint64_t min_budget = 0;             // smallest feasible budget for this image
-  bool resident = false;                    // one block: fetched once and kept
+  double predicted_ms = 0;                  // the cost model's latency for this plan
+  std::uint64_t total() const { return arena_bytes + resident_bytes + activation_bytes + pinned_bytes; }
+  bool all_resident() const { return read_bytes == 0; }
 };
+
+// The layer table as the partitioner sees it (bytes, tensors, execution time per `o`).
+SWAPNET_API std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o);
 
 // The smallest budget any partition of the image can run in: the two largest adjacent layers,
 // plus activations and pinned slots.
@@ -210,7 +230,7 @@ class SWAPNET_API Executor {
   // An I/O or checksum error fails this forward with the image, block and reason; the next
   // forward starts clean.
   c10::IValue forward(std::vector<c10::IValue> inputs);
-  // A new budget: re-plans (the fewest equal-byte blocks that fit) and takes effect now, between
+  // A new budget: re-plans (with the options' planner) and takes effect now, between
   // inferences. Shrinking releases the arena's physical pages past the new size; growing within
   // the model's size needs no new arena. Throws (and keeps the old plan) if infeasible.
   void set_budget(std::uint64_t bytes);

@@ -1,17 +1,28 @@
-// swapnet/partitioner.h — where to cut a model into blocks: pure arithmetic over the layer
-// table (no torch, no I/O).
+// swapnet/partitioner.h — where to cut a model into blocks, which blocks to keep resident, and
+// the device cost model that predicts the result: pure arithmetic over the layer table (no torch,
+// no I/O). docs/partitioner.md has the derivation and the measured errors.
 //
-// The latency of a partition follows the two-block pipeline (the paper's Eq. 4): block b+1 is
-// fetched while block b executes, so each step costs max(t_ex(b), t_in(b+1)):
-//   T = t_in(0) + sum_b max(t_ex(b), t_in(b+1)) + t_out(last),   t_in(n) = 0
-// with t_in = alpha*bytes + beta*tensors, t_ex = per-layer measured time (or gamma*FLOPs),
-// t_out = eta*tensors. A single block is resident (read once, as the executor does): T = t_ex. A partition is feasible for an arena of C bytes when every pair of
-// adjacent blocks fits: s_b + s_{b+1} <= C (one block: s_0 <= C).
-// optimal_partition() finds the minimum-T feasible partition exactly by dynamic programming
-// over (previous block, current block) in O(L^3); tests compare it with exhaustive search.
+// A partition is a sequence of blocks of consecutive layers; each block is either swapped (read
+// into the two-ended arena every inference, released after it runs) or resident (read once,
+// kept). While swapped block s_k executes, the next swapped block s_{k+1} is fetched (the
+// paper's two-block pipeline, Eq. 4), so with t_io = alpha*bytes + block_ms (the read),
+// t_bind = beta*tensors (assembly by reference, on the compute thread), t_out = eta*tensors
+// (swap-out) and t_ex the execution time:
+//   start(s_1)     = max(t_ex(resident prefix), t_io(s_1))
+//   start(s_{k+1}) = start(s_k) + t_bind(s_k) + max(t_ex(s_k) + t_out(s_k) + t_ex(resident gap), t_io(s_{k+1}))
+//   T              = start(s_last) + t_bind + t_ex + t_out of s_last + t_ex(resident suffix)
+//                    + inference_ms
+// Memory: resident bytes + the arena, where the arena holds the largest pair of consecutive
+// swapped blocks (a single swapped block alone). A partition fits a capacity C when that sum is
+// <= C. With a fixed set of resident layers, optimal_partition_for() finds the minimum-T
+// partition of the swapped layers exactly (dynamic programming over (previous block, block),
+// O(L^3)); tests compare it with exhaustive search. optimal_partition() also chooses the resident
+// layers, among candidate sets (a prefix of the model; the layers with the most bytes per
+// millisecond of compute), by prediction.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,10 +36,15 @@ struct LayerCost {
   double exec_ms = 0;         // execution time (measured, or gamma * FLOPs)
 };
 
+// The paper's coefficients (t_in = alpha*size + beta*depth, t_out = eta*depth), plus a fixed
+// cost per swapped block (submitting and waiting for a read, handing it to the compute thread)
+// that the paper leaves out: without it the optimum is dozens of tiny blocks (issue #5 notes).
 struct CostModel {
   double alpha_ms_per_byte = 1.0 / 1.5e6;  // swap-in: 1 / (read rate in bytes per ms)
   double beta_ms_per_tensor = 0.0005;      // assembly by reference: ~0.5 us per tensor
+  double block_ms = 0.05;                  // fixed cost of one swapped block
   double eta_ms_per_tensor = 0.0;          // swap-out (dropping views): negligible
+  double inference_ms = 0.0;               // fixed cost of one inference (same for every partition)
 };
 
 using Blocks = std::vector<std::pair<int, int>>;  // [first, last] layer of each block
@@ -36,33 +52,61 @@ using Blocks = std::vector<std::pair<int, int>>;  // [first, last] layer of each
 struct Partition {
   bool feasible = false;
   Blocks blocks;
+  std::vector<char> resident;          // per block: 1 = read once and kept
   double predicted_ms = 0;
-  std::uint64_t max_pair_bytes = 0;  // the arena this partition needs
+  std::uint64_t arena_bytes = 0;       // largest pair of consecutive swapped blocks
+  std::uint64_t resident_bytes = 0;
+  std::uint64_t read_bytes = 0;        // bytes read per inference (the swapped blocks)
+  std::uint64_t memory() const { return arena_bytes + resident_bytes; }
 };
 
-// Predicted latency of `blocks` (Eq. 4 as above).
-SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const CostModel& m);
-// The arena bytes `blocks` needs: the largest adjacent pair (or the single block).
-SWAPNET_API std::uint64_t arena_bytes(const std::vector<LayerCost>& layers, const Blocks& blocks);
-// The smallest arena any partition needs: the finest partition's.
+// Predicted latency of one inference (the formula above). `resident` has one flag per block.
+SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
+                              const std::vector<char>& resident, const CostModel& m);
+// Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks and flags.
+SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
+// The smallest memory any partition needs: the largest pair of adjacent layers (the finest
+// partition), or the whole model when that is smaller (tiny models).
 SWAPNET_API std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers);
-// The minimum-latency partition whose adjacent pairs fit `arena` (exact, O(L^3)).
-SWAPNET_API Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t arena, const CostModel& m);
-// The same by trying all 2^(L-1) partitions (tests only; L <= 25).
-SWAPNET_API Partition exhaustive_partition(const std::vector<LayerCost>& layers, std::uint64_t arena,
-                                           const CostModel& m);
 
-// Optimal partitions precomputed for a grid of arena sizes, so a new budget maps to its
+// Exact: the minimum-latency partition fitting `capacity` in which exactly the layers with
+// resident_layer[k] != 0 are resident (maximal runs of them form the resident blocks).
+SWAPNET_API Partition optimal_partition_for(const std::vector<LayerCost>& layers,
+                                            const std::vector<char>& resident_layer, std::uint64_t capacity,
+                                            const CostModel& m);
+// The same by trying every cut (tests only; at most 25 layers).
+SWAPNET_API Partition exhaustive_partition_for(const std::vector<LayerCost>& layers,
+                                               const std::vector<char>& resident_layer, std::uint64_t capacity,
+                                               const CostModel& m);
+// Every cut and every resident flag per block (tests only; at most 12 layers): the true optimum
+// the heuristic choice of resident layers is measured against.
+SWAPNET_API Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::uint64_t capacity,
+                                               const CostModel& m);
+
+struct PartitionOptions {
+  bool residency = true;  // false: every block swapped every inference (the paper)
+  // Among candidates within this fraction of the fastest prediction, take the one that reads the
+  // fewest bytes per inference (resident bytes cost no time once loaded).
+  double tolerance = 0.01;
+};
+// The best partition fitting `capacity` (infeasible below min_arena_bytes()).
+SWAPNET_API Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t capacity,
+                                        const CostModel& m, const PartitionOptions& options = {});
+
+// Optimal partitions precomputed for a grid of capacities, so a new budget maps to its
 // partition by a binary search (microseconds) instead of a search (milliseconds).
 class SWAPNET_API PartitionTable {
  public:
-  // Grid from min_arena_bytes to the model's bytes (where one block fits) in `step` bytes.
-  PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step);
-  // The best partition whose arena is <= `arena` (largest grid point not above it);
+  // Grid from min_arena_bytes to the model's bytes (where everything is resident) in `step` bytes.
+  PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step,
+                 const PartitionOptions& options = {});
+  // The best partition whose memory is <= `capacity` (largest grid point not above it);
   // infeasible below the minimum.
-  const Partition& lookup(std::uint64_t arena) const;
+  const Partition& lookup(std::uint64_t capacity) const;
   std::size_t size() const { return grid_.size(); }
-  std::uint64_t min_arena() const { return min_; }
+  std::uint64_t min_capacity() const { return min_; }
+  const std::vector<std::uint64_t>& grid() const { return grid_; }
+  const Partition& at(std::size_t i) const { return parts_[i]; }
 
  private:
   std::uint64_t min_ = 0;
@@ -70,5 +114,57 @@ class SWAPNET_API PartitionTable {
   std::vector<Partition> parts_;
   Partition infeasible_;
 };
+
+// The paper's lookup table (its Table 3): for n = 1..max_blocks, an n-block equal-bytes
+// partition with its memory and predicted latency; at run time the fastest row that fits wins
+// (a linear scan, kept to compare with PartitionTable).
+struct PaperRow {
+  int n = 0;
+  Partition partition;
+};
+SWAPNET_API Blocks equal_bytes_blocks(const std::vector<LayerCost>& layers, int n);
+SWAPNET_API std::vector<PaperRow> paper_table(const std::vector<LayerCost>& layers, const CostModel& m,
+                                              int max_blocks);
+SWAPNET_API const Partition* paper_lookup(const std::vector<PaperRow>& table, std::uint64_t capacity);
+
+// ---- device profile --------------------------------------------------------------------------
+
+// Least squares y ~ X b with b >= 0 (tries every subset of columns; for a handful of columns).
+// Rows of X are samples. Returns b (one per column).
+SWAPNET_API std::vector<double> fit_nonnegative(const std::vector<std::vector<double>>& X,
+                                                const std::vector<double>& y);
+
+// What `swapnet profile` measured on this device, and where.
+struct DeviceProfile {
+  static constexpr int kVersion = 2;
+  int version = kVersion;
+  std::string host;          // uname nodename
+  std::string cpu;           // /proc/cpuinfo model name
+  int threads = 0;           // intra-op threads it was measured with
+  std::string created;       // UTC, ISO 8601
+  std::string image;         // the image it measured with
+  double raw_read_mb_s = 0;  // sequential O_DIRECT reads of that image
+  CostModel cost;            // fitted alpha, beta, block_ms, eta; block_ms and inference_ms
+                             // then calibrated on whole swapped runs (pipeline_* below)
+  double gamma_ms_per_flop = 0;
+  // Relative errors of the fits on the samples they were fitted to (median |pred - meas| / meas).
+  double t_in_error = 0, t_out_error = 0;
+  // Predicting blocks' execution time from gamma*FLOPs vs from the image's measured per-layer
+  // times; `exec_source` names the better one ("measured" or "flops").
+  double exec_error_flops = 0, exec_error_measured = 0;
+  std::string exec_source = "measured";
+  // Whole swapped runs at several block counts: measured minus predicted latency, fitted as
+  // inference_ms + extra_block_ms * swapped blocks (contention the isolated fetches miss).
+  double pipeline_extra_block_ms = 0;
+  double pipeline_error = 0;  // after calibration, on those runs
+};
+SWAPNET_API Status save_profile(const std::string& path, const DeviceProfile& p);
+// Errors name the file and the field; a profile of another version is refused.
+SWAPNET_API Status load_profile(const std::string& path, DeviceProfile* out);
+// Why `p` does not describe this process ("" when it does): another host, CPU or thread count.
+SWAPNET_API std::string profile_mismatch(const DeviceProfile& p, int threads);
+// Where profiles live by default: $SWAPNET_PROFILE, else $XDG_CACHE_HOME/swapnet/device.json,
+// else ~/.cache/swapnet/device.json.
+SWAPNET_API std::string default_profile_path();
 
 }  // namespace swapnet

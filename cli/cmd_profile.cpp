@@ -1,0 +1,328 @@
+// swapnet profile: measures this device once and fits the partitioner's cost model by least
+// squares (partitioner.h): t_in = alpha*bytes + beta*tensors + block_ms from fetches of random
+// layer ranges of an image (read with the executor's reader, then bound by reference),
+// t_out = eta*tensors from unbinding them, and gamma from per-layer execution times vs FLOPs.
+// It also reports how well gamma*FLOPs and the image's own per-layer times (measured when it
+// was packed) predict the execution time of those ranges, and keeps the better one.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <random>
+
+#include <unistd.h>
+
+#include "commands.h"
+#include "inputs.h"
+#include "swapnet/assembly.h"
+#include "swapnet/partitioner.h"
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace cli {
+namespace {
+
+using json = nlohmann::json;
+
+double median_rel_error(const std::vector<double>& pred, const std::vector<double>& meas) {
+  std::vector<double> e;
+  for (size_t i = 0; i < pred.size(); ++i) {
+    if (meas[i] > 0) e.push_back(std::fabs(pred[i] - meas[i]) / meas[i]);
+  }
+  return median(e);
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+DeviceProfile measure_profile(const std::string& path, const Common& c, const MeasureOptions& o, json* report) {
+  c10::InferenceMode guard;
+  ImageInfo info;
+  read_image_info(path, &info).throw_if_error();
+  if (info.layers.empty() || info.data_size == 0) throw Error(path + ": the image has no weights to profile with");
+  DeviceProfile p;
+  p.threads = at::get_num_threads();
+  p.created = utc_now();
+  p.image = path;
+  p.raw_read_mb_s = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
+
+  // ---- swap-in and swap-out of random layer ranges ----
+  const int L = static_cast<int>(info.layers.size());
+  const std::uint64_t largest = std::max<std::uint64_t>(std::min<std::uint64_t>(info.data_size / 2, 64ull << 20), 1);
+  std::unique_ptr<BlockReader> reader;
+  BlockReader::open(path, ReaderOptions{}, &reader).throw_if_error();
+  void* buf = alloc_aligned(std::max<std::uint64_t>(info.data_size, kImageAlign));
+  if (buf == nullptr) throw Error(path + ": cannot allocate " + format_bytes(info.data_size) + " to profile with");
+  Skeleton sk = Skeleton::from_image(info, path);
+  std::mt19937 rng(o.seed);
+  std::vector<std::pair<int, int>> ranges;
+  std::vector<std::vector<double>> X_in, X_out;
+  std::vector<double> y_in, y_out;
+  for (int s = 0; s < o.samples; ++s) {
+    // Target sizes log-uniform from 64 KiB to `largest`, starting anywhere.
+    const double lo = std::log(64.0 * 1024), hi = std::log(static_cast<double>(largest));
+    const double target = std::exp(std::uniform_real_distribution<double>(lo, std::max(lo, hi))(rng));
+    int i = std::uniform_int_distribution<int>(0, L - 1)(rng), j = i;
+    std::uint64_t bytes = info.layers[i].size;
+    while (j + 1 < L && static_cast<double>(bytes) < target && bytes + info.layers[j + 1].size <= largest) {
+      bytes += info.layers[++j].size;
+    }
+    if (bytes == 0) continue;
+    std::uint32_t tensors = 0;
+    for (int k = i; k <= j; ++k) tensors += info.layers[k].num_tensors;
+    std::vector<double> t_in, t_out;
+    for (int r = 0; r < o.repeats; ++r) {
+      auto t0 = Clock::now();
+      Status st = reader->read(info.layers[i].offset, bytes, buf);
+      if (!st.ok()) {
+        free_aligned(buf);
+        throw Error(st.message());
+      }
+      sk.bind_layers(i, j, buf, info.layers[i].offset);
+      t_in.push_back(ms_since(t0));
+      t0 = Clock::now();
+      sk.unbind_layers(i, j);
+      t_out.push_back(ms_since(t0));
+    }
+    ranges.emplace_back(i, j);
+    X_in.push_back({static_cast<double>(bytes), static_cast<double>(tensors), 1.0});
+    y_in.push_back(median(t_in));
+    X_out.push_back({static_cast<double>(tensors)});
+    y_out.push_back(median(t_out));
+  }
+  std::vector<double> pred_in, pred_out;
+  if (X_in.size() < 4) {
+    // A model too small to fit on: the read rate measured above and the default per-tensor
+    // and per-block costs.
+    log(LogLevel::kWarn, path + ": only " + std::to_string(X_in.size()) +
+                             " layer ranges with weights; using the raw read rate and default per-block costs");
+    p.cost.alpha_ms_per_byte = 1.0 / (p.raw_read_mb_s * 1e3);
+  } else {
+    auto b_in = fit_nonnegative(X_in, y_in);
+    auto b_out = fit_nonnegative(X_out, y_out);
+    p.cost.alpha_ms_per_byte = b_in[0] > 0 ? b_in[0] : 1.0 / (p.raw_read_mb_s * 1e3);  // never zero
+    p.cost.beta_ms_per_tensor = b_in[1];
+    p.cost.block_ms = b_in[2];
+    p.cost.eta_ms_per_tensor = b_out[0];
+  }
+  for (size_t s = 0; s < X_in.size(); ++s) {
+    pred_in.push_back(p.cost.alpha_ms_per_byte * X_in[s][0] + p.cost.beta_ms_per_tensor * X_in[s][1] + p.cost.block_ms);
+    pred_out.push_back(p.cost.eta_ms_per_tensor * X_out[s][0]);
+  }
+  p.t_in_error = median_rel_error(pred_in, y_in);
+  p.t_out_error = median_rel_error(pred_out, y_out);
+
+  // ---- execution: per-layer times now vs FLOPs and vs the image's recorded times ----
+  Status st = reader->read(info.data_offset, info.data_size, buf);
+  if (!st.ok()) {
+    free_aligned(buf);
+    throw Error(st.message());
+  }
+  sk.bind_layers(0, L - 1, buf, info.data_offset);
+  std::vector<std::string> shapes;
+  ProfileOptions po;
+  po.warmup = 1;
+  po.iters = o.exec_runs;
+  sk.profile(inputs_for(c, info, &shapes), po);
+  double ff = 0, ft = 0;
+  for (const auto& layer : sk.layers()) {
+    ff += layer.flops * layer.flops;
+    ft += layer.flops * layer.time_ms;
+  }
+  p.gamma_ms_per_flop = ff > 0 ? ft / ff : 0;
+  std::vector<double> meas, by_flops, by_image;
+  for (const auto& [i, j] : ranges) {
+    double m = 0, f = 0, im = 0;
+    for (int k = i; k <= j; ++k) {
+      m += sk.layers()[k].time_ms;
+      f += p.gamma_ms_per_flop * sk.layers()[k].flops;
+      im += info.layers[k].time_ms;
+    }
+    meas.push_back(m);
+    by_flops.push_back(f);
+    by_image.push_back(im);
+  }
+  double total_now = 0, total_image = 0;
+  for (int k = 0; k < L; ++k) {
+    total_now += sk.layers()[k].time_ms;
+    total_image += info.layers[k].time_ms;
+  }
+  sk.unbind_layers(0, L - 1);
+  free_aligned(buf);
+  p.exec_error_flops = median_rel_error(by_flops, meas);
+  p.exec_error_measured = median_rel_error(by_image, meas);
+  p.exec_source = p.exec_error_measured <= p.exec_error_flops ? "measured" : "flops";
+
+  // ---- calibration on whole swapped runs ----
+  // Isolated fetches miss what the pipeline adds (threads handing blocks over, the reader and
+  // compute sharing cores): run the image swapped at several block counts and fit the residual.
+  std::vector<std::vector<double>> X_pipe;
+  std::vector<double> y_pipe, meas_pipe, pred_pipe;
+  const auto pipe_inputs = inputs_for(c, info, &shapes);
+  // One executor per block count, timed in interleaved rounds (this machine's speed drifts).
+  std::vector<std::unique_ptr<Executor>> exs;
+  for (int n : o.pipeline_blocks) {
+    n = std::min(n, L);
+    if (n < 2) continue;
+    ExecutorOptions eo;
+    eo.budget = UINT64_MAX / 4;
+    eo.blocks = n;
+    eo.cost = p.cost;
+    eo.measured_exec = p.exec_source == "measured";
+    eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
+    exs.push_back(Executor::open(path, eo));
+    exs.back()->forward(clone_inputs(pipe_inputs));  // first fetches verify checksums: not timed
+  }
+  std::vector<std::vector<double>> times(exs.size());
+  for (int r = 0; r < o.pipeline_iters; ++r) {
+    for (size_t e = 0; e < exs.size(); ++e) {
+      auto t0 = Clock::now();
+      exs[e]->forward(clone_inputs(pipe_inputs));
+      times[e].push_back(ms_since(t0));
+    }
+  }
+  for (size_t e = 0; e < exs.size(); ++e) {
+    int swapped = 0;
+    for (char r : exs[e]->plan().resident) swapped += !r;
+    X_pipe.push_back({1.0, static_cast<double>(swapped)});
+    meas_pipe.push_back(median(times[e]));
+    pred_pipe.push_back(exs[e]->plan().predicted_ms);
+    y_pipe.push_back(meas_pipe.back() - pred_pipe.back());
+  }
+  exs.clear();
+  if (X_pipe.size() >= 2) {
+    auto b = fit_nonnegative(X_pipe, y_pipe);
+    p.cost.inference_ms = b[0];
+    p.pipeline_extra_block_ms = b[1];
+    p.cost.block_ms += b[1];
+    std::vector<double> after;
+    for (size_t r = 0; r < X_pipe.size(); ++r) after.push_back(pred_pipe[r] + b[0] + b[1] * X_pipe[r][1]);
+    p.pipeline_error = median_rel_error(after, meas_pipe);
+  }
+  if (report) {
+    json pipe = json::array();
+    for (size_t r = 0; r < X_pipe.size(); ++r) {
+      pipe.push_back({{"swapped_blocks", X_pipe[r][1]}, {"measured_ms", meas_pipe[r]}, {"predicted_ms", pred_pipe[r]}});
+    }
+    *report = {{"samples", X_in.size()},
+               {"pipeline_runs", pipe},
+               {"forward_ms_now", total_now},
+               {"forward_ms_image", total_image},
+               {"t_in_samples", json::array()}};
+    for (size_t s = 0; s < X_in.size(); ++s) {
+      (*report)["t_in_samples"].push_back({{"bytes", X_in[s][0]}, {"tensors", X_in[s][1]}, {"t_in_ms", y_in[s]},
+                                           {"pred_ms", pred_in[s]}, {"t_out_ms", y_out[s]}});
+    }
+  }
+  return p;
+}
+
+json profile_json(const DeviceProfile& p) {
+  return {{"host", p.host},
+          {"cpu", p.cpu},
+          {"threads", p.threads},
+          {"created", p.created},
+          {"image", p.image},
+          {"raw_read_mb_s", p.raw_read_mb_s},
+          {"alpha_ms_per_byte", p.cost.alpha_ms_per_byte},
+          {"fitted_read_mb_s", 1.0 / (p.cost.alpha_ms_per_byte * 1e3)},
+          {"beta_ms_per_tensor", p.cost.beta_ms_per_tensor},
+          {"block_ms", p.cost.block_ms},
+          {"eta_ms_per_tensor", p.cost.eta_ms_per_tensor},
+          {"inference_ms", p.cost.inference_ms},
+          {"pipeline_extra_block_ms", p.pipeline_extra_block_ms},
+          {"pipeline_error", p.pipeline_error},
+          {"gamma_ms_per_flop", p.gamma_ms_per_flop},
+          {"t_in_error", p.t_in_error},
+          {"t_out_error", p.t_out_error},
+          {"exec_error_flops", p.exec_error_flops},
+          {"exec_error_measured", p.exec_error_measured},
+          {"exec_source", p.exec_source}};
+}
+
+int profile(const std::vector<std::string>& images, const Common& c, const std::string& out, int samples) {
+  apply_common(c);
+  if (images.empty()) throw Error("profile: give a swap image to measure with");
+  MeasureOptions o;
+  o.samples = std::max(4, samples);
+  json report;
+  DeviceProfile p = measure_profile(images[0], c, o, &report);
+  const std::string path = out.empty() ? default_profile_path() : out;
+  save_profile(path, p).throw_if_error();
+  load_profile(path, &p).throw_if_error();  // what was written is what plan and run will read
+  json j = profile_json(p);
+  j["path"] = path;
+  j["forward_ms_now"] = report["forward_ms_now"];
+  j["forward_ms_image"] = report["forward_ms_image"];
+  j["samples"] = report["samples"];
+  j["pipeline_runs"] = report["pipeline_runs"];
+  // The other images: how well this profile predicts their execution (no refit).
+  for (size_t i = 1; i < images.size(); ++i) {
+    json r;
+    DeviceProfile q = measure_profile(images[i], c, o, &r);
+    j["also"].push_back({{"image", images[i]}, {"gamma_ms_per_flop", q.gamma_ms_per_flop},
+                         {"exec_error_flops", q.exec_error_flops}, {"exec_error_measured", q.exec_error_measured},
+                         {"t_in_error_with_this_profile", q.t_in_error}});
+  }
+  if (c.json) {
+    j["t_in_samples"] = report["t_in_samples"];
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("device profile written to %s (%d threads)\n", path.c_str(), p.threads);
+    std::printf("  raw O_DIRECT read      %.0f MB/s\n", p.raw_read_mb_s);
+    std::printf("  t_in  = %.3g ms/B * bytes + %.3g ms/tensor * tensors + %.3g ms   (%.0f MB/s; median error %.1f %%)\n",
+                p.cost.alpha_ms_per_byte, p.cost.beta_ms_per_tensor, p.cost.block_ms,
+                1.0 / (p.cost.alpha_ms_per_byte * 1e3), 100 * p.t_in_error);
+    std::printf("  t_out = %.3g ms/tensor * tensors   (median error %.1f %%)\n", p.cost.eta_ms_per_tensor,
+                100 * p.t_out_error);
+    std::printf("  t_ex  = %.3g ms/FLOP * FLOPs: median error %.1f %%; the image's per-layer times: %.1f %% -> using %s\n",
+                p.gamma_ms_per_flop, 100 * p.exec_error_flops, 100 * p.exec_error_measured, p.exec_source.c_str());
+    std::printf("  whole swapped runs: +%.3f ms per swapped block, +%.2f ms per inference (median error after: %.1f %%)\n",
+                p.pipeline_extra_block_ms, p.cost.inference_ms, 100 * p.pipeline_error);
+  }
+  return 0;
+}
+
+DeviceProfile device_profile(const std::string& image, const Common& c, const std::string& path_option) {
+  const std::string path = path_option.empty() ? default_profile_path() : path_option;
+  DeviceProfile p;
+  Status s = load_profile(path, &p);
+  std::string why;
+  if (!s.ok()) {
+    if (::access(path.c_str(), F_OK) == 0) throw Error(s.message());  // there but unreadable: refuse
+    why = "there is no device profile at " + path;
+  } else {
+    why = profile_mismatch(p, at::get_num_threads());
+    if (why.empty()) return p;
+    why = "the device profile " + path + " is stale: " + why;
+  }
+  std::fprintf(stderr, "swapnet: %s; measuring one now from %s%s\n", why.c_str(), image.c_str(),
+               s.ok() ? " (not saved; `swapnet profile IMAGE` replaces it)" : " (saved there)");
+  MeasureOptions o;
+  o.samples = 12;
+  o.repeats = 2;
+  o.exec_runs = 1;
+  o.pipeline_blocks = {4, 64};
+  o.pipeline_iters = 2;
+  p = measure_profile(image, c, o, nullptr);
+  if (!s.ok()) {
+    Status w = save_profile(path, p);
+    if (!w.ok()) std::fprintf(stderr, "swapnet: %s (using the profile without saving it)\n", w.message().c_str());
+  }
+  return p;
+}
+
+}  // namespace cli
+}  // namespace swapnet
