@@ -166,24 +166,41 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
   p.exec_source = p.exec_error_measured <= p.exec_error_flops ? "measured" : "flops";
 
   // ---- calibration on whole swapped runs ----
-  // Isolated fetches miss what the pipeline adds (threads handing blocks over, the reader and
-  // compute sharing cores): run the image swapped at several block counts and fit the residual.
-  std::vector<std::vector<double>> X_pipe;
-  std::vector<double> y_pipe, meas_pipe, pred_pipe;
+  // Isolated fetches miss what the pipeline adds per block (the compute thread waiting for the
+  // reader thread, which must first get a core from the compute threads), and that cost decides
+  // how many blocks the DP cuts. So: for several per-block costs, plan the DP's partition at a
+  // third of the model (coarse to fine), run each swapped (interleaved rounds: this machine's
+  // speed drifts), and fit the per-block and per-inference costs to what they measured.
+  std::vector<double> cand_ms, meas_pipe, swapped_pipe;
+  std::vector<Partition> cand_parts;
   const auto pipe_inputs = inputs_for(c, info, &shapes);
-  // One executor per block count, timed in interleaved rounds (this machine's speed drifts).
   std::vector<std::unique_ptr<Executor>> exs;
-  for (int n : o.pipeline_blocks) {
-    n = std::min(n, L);
-    if (n < 2) continue;
-    ExecutorOptions eo;
-    eo.budget = UINT64_MAX / 4;
-    eo.blocks = n;
-    eo.cost = p.cost;
-    eo.measured_exec = p.exec_source == "measured";
-    eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
-    exs.push_back(Executor::open(path, eo));
-    exs.back()->forward(clone_inputs(pipe_inputs));  // first fetches verify checksums: not timed
+  {
+    std::vector<double> candidates = o.pipeline_block_ms;
+    candidates.insert(candidates.begin(), p.cost.block_ms);
+    const std::uint64_t minimum = min_budget(info);
+    for (double cms : candidates) {
+      ExecutorOptions eo;
+      eo.cost = p.cost;
+      eo.cost.block_ms = cms;
+      eo.measured_exec = p.exec_source == "measured";
+      eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
+      eo.residency = false;
+      eo.budget = std::max<std::uint64_t>(minimum, info.data_size / 3 + info.activation_bytes);
+      ExecutionPlan plan = plan_execution(info, eo);
+      bool seen = false;
+      for (const auto& q : cand_parts) seen |= q.blocks == plan.blocks;
+      if (seen || plan.blocks.size() < 2) continue;
+      eo.partition.clear();
+      for (size_t k = 1; k < plan.blocks.size(); ++k) eo.partition.push_back(plan.blocks[k].first);
+      exs.push_back(Executor::open(path, eo));
+      exs.back()->forward(clone_inputs(pipe_inputs));  // first fetches verify checksums: not timed
+      Partition part;
+      part.blocks = plan.blocks;
+      part.resident = plan.resident;
+      cand_parts.push_back(part);
+      cand_ms.push_back(cms);
+    }
   }
   std::vector<std::vector<double>> times(exs.size());
   for (int r = 0; r < o.pipeline_iters; ++r) {
@@ -193,28 +210,42 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
       times[e].push_back(ms_since(t0));
     }
   }
-  for (size_t e = 0; e < exs.size(); ++e) {
-    int swapped = 0;
-    for (char r : exs[e]->plan().resident) swapped += !r;
-    X_pipe.push_back({1.0, static_cast<double>(swapped)});
-    meas_pipe.push_back(median(times[e]));
-    pred_pipe.push_back(exs[e]->plan().predicted_ms);
-    y_pipe.push_back(meas_pipe.back() - pred_pipe.back());
-  }
   exs.clear();
-  if (X_pipe.size() >= 2) {
-    auto b = fit_nonnegative(X_pipe, y_pipe);
+  std::vector<double> pred_pipe;
+  if (times.size() >= 2) {
+    // measured = prediction without per-block and per-inference costs + inference_ms
+    //            + block_ms * swapped blocks, fitted over the partitions (coarse to fine).
+    ExecutorOptions eo;
+    eo.measured_exec = p.exec_source == "measured";
+    eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
+    const auto costs = layer_costs(info, eo);
+    CostModel bare = p.cost;
+    bare.block_ms = 0;
+    bare.inference_ms = 0;
+    std::vector<std::vector<double>> X;
+    std::vector<double> y, base;
+    for (size_t e = 0; e < times.size(); ++e) {
+      meas_pipe.push_back(median(times[e]));
+      int swapped = 0;
+      for (char r : cand_parts[e].resident) swapped += !r;
+      swapped_pipe.push_back(swapped);
+      evaluate(costs, bare, &cand_parts[e]);
+      base.push_back(cand_parts[e].predicted_ms);
+      X.push_back({1.0, static_cast<double>(swapped)});
+      y.push_back(meas_pipe.back() - base.back());
+    }
+    auto b = fit_nonnegative(X, y);
     p.cost.inference_ms = b[0];
-    p.pipeline_extra_block_ms = b[1];
-    p.cost.block_ms += b[1];
-    std::vector<double> after;
-    for (size_t r = 0; r < X_pipe.size(); ++r) after.push_back(pred_pipe[r] + b[0] + b[1] * X_pipe[r][1]);
-    p.pipeline_error = median_rel_error(after, meas_pipe);
+    p.pipeline_extra_block_ms = b[1] - p.cost.block_ms;
+    p.cost.block_ms = b[1];
+    for (size_t e = 0; e < base.size(); ++e) pred_pipe.push_back(base[e] + b[0] + b[1] * swapped_pipe[e]);
+    p.pipeline_error = median_rel_error(pred_pipe, meas_pipe);
   }
   if (report) {
     json pipe = json::array();
-    for (size_t r = 0; r < X_pipe.size(); ++r) {
-      pipe.push_back({{"swapped_blocks", X_pipe[r][1]}, {"measured_ms", meas_pipe[r]}, {"predicted_ms", pred_pipe[r]}});
+    for (size_t r = 0; r < meas_pipe.size(); ++r) {
+      pipe.push_back({{"block_ms", cand_ms[r]}, {"swapped_blocks", swapped_pipe[r]}, {"measured_ms", meas_pipe[r]},
+                      {"predicted_ms", pred_pipe[r]}});
     }
     *report = {{"samples", X_in.size()},
                {"pipeline_runs", pipe},
@@ -289,8 +320,8 @@ int profile(const std::vector<std::string>& images, const Common& c, const std::
                 100 * p.t_out_error);
     std::printf("  t_ex  = %.3g ms/FLOP * FLOPs: median error %.1f %%; the image's per-layer times: %.1f %% -> using %s\n",
                 p.gamma_ms_per_flop, 100 * p.exec_error_flops, 100 * p.exec_error_measured, p.exec_source.c_str());
-    std::printf("  whole swapped runs: +%.3f ms per swapped block, +%.2f ms per inference (median error after: %.1f %%)\n",
-                p.pipeline_extra_block_ms, p.cost.inference_ms, 100 * p.pipeline_error);
+    std::printf("  whole swapped runs: %.3f ms per swapped block, %.2f ms per inference (median error after: %.1f %%)\n",
+                p.cost.block_ms, p.cost.inference_ms, 100 * p.pipeline_error);
   }
   return 0;
 }
@@ -314,7 +345,7 @@ DeviceProfile device_profile(const std::string& image, const Common& c, const st
   o.samples = 12;
   o.repeats = 2;
   o.exec_runs = 1;
-  o.pipeline_blocks = {4, 64};
+  o.pipeline_block_ms = {0.5, 2};
   o.pipeline_iters = 2;
   p = measure_profile(image, c, o, nullptr);
   if (!s.ok()) {

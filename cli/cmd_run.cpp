@@ -145,12 +145,13 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (o.plan == "auto" || o.plan == "optimal") {
     eo.planner = ExecutorOptions::Planner::kOptimal;
     eo.residency = o.plan == "auto";
-    if (o.mode != "direct" && eo.partition.empty() && eo.blocks == 0) use_profile(device_profile(path, c, o.profile), &eo);
   } else if (o.plan == "equal") {
     eo.planner = ExecutorOptions::Planner::kEqual;
   } else {
     throw Error("--plan '" + o.plan + "' is not one of auto|optimal|equal");
   }
+  // The device profile plans (auto, optimal) and predicts (every plan) swapped runs.
+  if (o.mode != "direct" && !o.budget.empty()) use_profile(device_profile(path, c, o.profile), &eo);
   if (!eo.resident.empty() && eo.partition.empty() && eo.blocks == 0) {
     throw Error("--resident needs --partition or --blocks (the blocks it numbers)");
   }

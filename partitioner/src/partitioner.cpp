@@ -585,7 +585,6 @@ Status load_profile(const std::string& path, DeviceProfile* out) {
                              {"block_ms", &p.cost.block_ms, false},
                              {"eta_ms_per_tensor", &p.cost.eta_ms_per_tensor, false},
                              {"inference_ms", &p.cost.inference_ms, false},
-                             {"pipeline_extra_block_ms", &p.pipeline_extra_block_ms, false},
                              {"pipeline_error", &p.pipeline_error, false},
                              {"gamma_ms_per_flop", &p.gamma_ms_per_flop, false},
                              {"t_in_error", &p.t_in_error, false},
@@ -596,6 +595,9 @@ Status load_profile(const std::string& path, DeviceProfile* out) {
     if (!s.ok()) return s;
   }
   p.version = static_cast<int>(version);
+  if (j.contains("pipeline_extra_block_ms") && j["pipeline_extra_block_ms"].is_number()) {
+    p.pipeline_extra_block_ms = j["pipeline_extra_block_ms"].get<double>();
+  }
   p.threads = static_cast<int>(threads);
   for (auto [key, v] : {std::pair<const char*, std::string*>{"host", &p.host},
                         {"cpu", &p.cpu},

@@ -153,9 +153,9 @@ struct DeviceProfile {
   // times; `exec_source` names the better one ("measured" or "flops").
   double exec_error_flops = 0, exec_error_measured = 0;
   std::string exec_source = "measured";
-  // Whole swapped runs at several block counts: measured minus predicted latency, fitted as
-  // inference_ms + extra_block_ms * swapped blocks (contention the isolated fetches miss).
-  double pipeline_extra_block_ms = 0;
+  // Whole swapped runs of the DP's partitions for several per-block costs (coarse to fine):
+  // block_ms and inference_ms refitted to them (block_ms = isolated fit + pipeline_extra_block_ms).
+  double pipeline_extra_block_ms = 0;  // may be negative
   double pipeline_error = 0;  // after calibration, on those runs
 };
 SWAPNET_API Status save_profile(const std::string& path, const DeviceProfile& p);
