@@ -64,6 +64,9 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
                   {"block_ms", prof.cost.block_ms}, {"eta_ms_per_tensor", prof.cost.eta_ms_per_tensor},
                   {"exec_source", prof.exec_source}, {"threads", prof.threads}};
   const std::vector<LayerCost> costs = layer_costs(info, eo);
+  double exec_ms = 0;
+  for (const auto& l : costs) exec_ms += l.exec_ms;
+  j["exec_ms"] = exec_ms;  // the execution time the image (or gamma * FLOPs) predicts
   // The capacity the partitioner gets: the budget less activations and (at most) pinned bytes.
   ExecutorOptions finest = eo;
   finest.budget = UINT64_MAX / 4;

@@ -176,8 +176,11 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
   const auto pipe_inputs = inputs_for(c, info, &shapes);
   std::vector<std::unique_ptr<Executor>> exs;
   {
-    std::vector<double> candidates = o.pipeline_block_ms;
-    candidates.insert(candidates.begin(), p.cost.block_ms);
+    std::vector<double> candidates;
+    if (o.calibrate) {
+      candidates = o.pipeline_block_ms;
+      candidates.insert(candidates.begin(), p.cost.block_ms);
+    }
     const std::uint64_t minimum = min_budget(info);
     for (double cms : candidates) {
       ExecutorOptions eo;
@@ -202,23 +205,41 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
       cand_ms.push_back(cms);
     }
   }
+  // The whole model in memory, timed in the same rounds: the swapped runs are fitted by their
+  // difference from it, round by round, so a machine that slows down for a while (this one
+  // does, by up to 40 %) shifts both and leaves the swap overhead.
+  std::unique_ptr<Executor> direct;
+  if (!exs.empty()) {
+    ExecutorOptions eo;
+    eo.budget = UINT64_MAX / 4;
+    eo.planner = ExecutorOptions::Planner::kEqual;  // one block, kept
+    direct = Executor::open(path, eo);
+    direct->forward(clone_inputs(pipe_inputs));
+  }
   std::vector<std::vector<double>> times(exs.size());
-  for (int r = 0; r < o.pipeline_iters; ++r) {
+  std::vector<double> direct_times;
+  for (int r = 0; r < o.pipeline_iters && direct; ++r) {
+    auto t0 = Clock::now();
+    direct->forward(clone_inputs(pipe_inputs));
+    direct_times.push_back(ms_since(t0));
     for (size_t e = 0; e < exs.size(); ++e) {
-      auto t0 = Clock::now();
+      t0 = Clock::now();
       exs[e]->forward(clone_inputs(pipe_inputs));
-      times[e].push_back(ms_since(t0));
+      times[e].push_back(ms_since(t0) - direct_times.back());  // overhead over in-memory, this round
     }
   }
   exs.clear();
+  direct.reset();
   std::vector<double> pred_pipe;
   if (times.size() >= 2) {
-    // measured = prediction without per-block and per-inference costs + inference_ms
-    //            + block_ms * swapped blocks, fitted over the partitions (coarse to fine).
+    // overhead = (prediction without per-block and per-inference costs - execution)
+    //            + inference_ms + block_ms * swapped blocks, fitted over the partitions.
     ExecutorOptions eo;
     eo.measured_exec = p.exec_source == "measured";
     eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
     const auto costs = layer_costs(info, eo);
+    double exec_total = 0;
+    for (const auto& l : costs) exec_total += l.exec_ms;
     CostModel bare = p.cost;
     bare.block_ms = 0;
     bare.inference_ms = 0;
@@ -230,7 +251,7 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
       for (char r : cand_parts[e].resident) swapped += !r;
       swapped_pipe.push_back(swapped);
       evaluate(costs, bare, &cand_parts[e]);
-      base.push_back(cand_parts[e].predicted_ms);
+      base.push_back(cand_parts[e].predicted_ms - exec_total);
       X.push_back({1.0, static_cast<double>(swapped)});
       y.push_back(meas_pipe.back() - base.back());
     }
@@ -238,8 +259,17 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
     p.cost.inference_ms = b[0];
     p.pipeline_extra_block_ms = b[1] - p.cost.block_ms;
     p.cost.block_ms = b[1];
-    for (size_t e = 0; e < base.size(); ++e) pred_pipe.push_back(base[e] + b[0] + b[1] * swapped_pipe[e]);
-    p.pipeline_error = median_rel_error(pred_pipe, meas_pipe);
+    // Reported as whole latencies: in-memory median + overhead.
+    const double direct_ms = median(direct_times);
+    std::vector<double> meas_abs;
+    for (size_t e = 0; e < base.size(); ++e) {
+      pred_pipe.push_back(exec_total + base[e] + b[0] + b[1] * swapped_pipe[e]);
+      meas_abs.push_back(direct_ms + meas_pipe[e]);
+      meas_pipe[e] = meas_abs.back();
+    }
+    p.pipeline_error = median_rel_error(pred_pipe, meas_abs);
+    p.calibration_direct_ms = direct_ms;
+    p.calibration_exec_ms = exec_total;
   }
   if (report) {
     json pipe = json::array();
@@ -275,6 +305,8 @@ json profile_json(const DeviceProfile& p) {
           {"inference_ms", p.cost.inference_ms},
           {"pipeline_extra_block_ms", p.pipeline_extra_block_ms},
           {"pipeline_error", p.pipeline_error},
+          {"calibration_direct_ms", p.calibration_direct_ms},
+          {"calibration_exec_ms", p.calibration_exec_ms},
           {"gamma_ms_per_flop", p.gamma_ms_per_flop},
           {"t_in_error", p.t_in_error},
           {"t_out_error", p.t_out_error},
@@ -300,9 +332,11 @@ int profile(const std::vector<std::string>& images, const Common& c, const std::
   j["samples"] = report["samples"];
   j["pipeline_runs"] = report["pipeline_runs"];
   // The other images: how well this profile predicts their execution (no refit).
+  MeasureOptions others = o;
+  others.calibrate = false;  // the calibration belongs to the fitted image
   for (size_t i = 1; i < images.size(); ++i) {
     json r;
-    DeviceProfile q = measure_profile(images[i], c, o, &r);
+    DeviceProfile q = measure_profile(images[i], c, others, &r);
     j["also"].push_back({{"image", images[i]}, {"gamma_ms_per_flop", q.gamma_ms_per_flop},
                          {"exec_error_flops", q.exec_error_flops}, {"exec_error_measured", q.exec_error_measured},
                          {"t_in_error_with_this_profile", q.t_in_error}});

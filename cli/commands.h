@@ -68,6 +68,7 @@ struct MeasureOptions {
   int samples = 32;    // random layer ranges fetched, bound and unbound
   int repeats = 3;     // per range; the median is fitted
   int exec_runs = 5;   // timed forwards for per-layer execution times
+  bool calibrate = true;  // whole swapped runs (below); off for images only reported on
   // Per-block costs tried on whole swapped runs (besides the fitted one).
   std::vector<double> pipeline_block_ms = {0.25, 0.5, 1, 2, 4};
   int pipeline_iters = 7;  // interleaved rounds; medians fitted

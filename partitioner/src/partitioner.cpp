@@ -528,6 +528,8 @@ Status save_profile(const std::string& path, const DeviceProfile& p) {
                       {"gamma_ms_per_flop", p.gamma_ms_per_flop},
                       {"pipeline_extra_block_ms", p.pipeline_extra_block_ms},
                       {"pipeline_error", p.pipeline_error},
+                      {"calibration_direct_ms", p.calibration_direct_ms},
+                      {"calibration_exec_ms", p.calibration_exec_ms},
                       {"t_in_error", p.t_in_error},
                       {"t_out_error", p.t_out_error},
                       {"exec_error_flops", p.exec_error_flops},
@@ -595,8 +597,11 @@ Status load_profile(const std::string& path, DeviceProfile* out) {
     if (!s.ok()) return s;
   }
   p.version = static_cast<int>(version);
-  if (j.contains("pipeline_extra_block_ms") && j["pipeline_extra_block_ms"].is_number()) {
-    p.pipeline_extra_block_ms = j["pipeline_extra_block_ms"].get<double>();
+  // Informational fields: read when present.
+  for (auto [key, v] : {std::pair<const char*, double*>{"pipeline_extra_block_ms", &p.pipeline_extra_block_ms},
+                        {"calibration_direct_ms", &p.calibration_direct_ms},
+                        {"calibration_exec_ms", &p.calibration_exec_ms}}) {
+    if (j.contains(key) && j[key].is_number()) *v = j[key].get<double>();
   }
   p.threads = static_cast<int>(threads);
   for (auto [key, v] : {std::pair<const char*, std::string*>{"host", &p.host},

@@ -157,6 +157,9 @@ struct DeviceProfile {
   // block_ms and inference_ms refitted to them (block_ms = isolated fit + pipeline_extra_block_ms).
   double pipeline_extra_block_ms = 0;  // may be negative
   double pipeline_error = 0;  // after calibration, on those runs
+  // In-memory latency measured alongside, and the execution time the image predicts: their
+  // ratio is how fast this machine ran then relative to when the image was packed.
+  double calibration_direct_ms = 0, calibration_exec_ms = 0;
 };
 SWAPNET_API Status save_profile(const std::string& path, const DeviceProfile& p);
 // Errors name the file and the field; a profile of another version is refused.

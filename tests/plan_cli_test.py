@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""`swapnet profile`, `swapnet plan` and `run --plan auto` end to end for one model: the profile
+is written and read back; plan refuses a budget below the minimum with feasible false and the
+minimum; at a third of the model the blocks tile the layers and fit; with room to spare it keeps
+everything resident and reads nothing per inference; run --plan auto is bit-identical, within
+the budget, and reads what plan said; a malformed profile is refused naming the file and the
+field; a stale one (other thread count) is replaced by one measured on the spot, said on stderr;
+a missing one is measured and saved.
+
+  plan_cli_test.py SWAPNET_CLI MODEL.pt INPUT_SHAPE WORKDIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+from cli_test_util import Checks, run
+
+
+def main() -> int:
+    cli, model, shape, work = sys.argv[1:5]
+    name = os.path.splitext(os.path.basename(model))[0]
+    os.makedirs(work, exist_ok=True)
+    img = os.path.join(work, name + ".swapnet")
+    prof = os.path.join(work, name + "-device.json")
+    checks = Checks()
+    expect = checks.expect
+
+    rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape)
+    if rc != 0:
+        print(err, file=sys.stderr)
+        return 1
+    data = json.loads(run(cli, "inspect", img, "--json")[1])["data_bytes"]
+
+    rc, out, err = run(cli, "profile", img, "-o", prof, "--samples", "12", "--json")
+    expect(rc == 0, f"profile exit {rc}: {err}")
+    if rc != 0:
+        return checks.exit_status(name)
+    p = json.loads(out)
+    print(json.dumps({k: p[k] for k in ("raw_read_mb_s", "fitted_read_mb_s", "block_ms", "inference_ms",
+                                         "t_in_error", "exec_error_flops", "exec_error_measured", "exec_source")}))
+    expect(os.path.exists(prof), "profile file written")
+    expect(p["alpha_ms_per_byte"] > 0 and p["raw_read_mb_s"] > 0, "read rate measured")
+    expect(p["exec_source"] in ("measured", "flops"), "exec source named")
+
+    rc, out, err = run(cli, "plan", img, "--budget", "4096", "--profile", prof, "--json")
+    j = json.loads(out) if out else {}
+    expect(rc == 1 and j.get("feasible") is False and j.get("min_budget_bytes", 0) > 4096,
+           f"tiny budget: exit {rc}, {out[:300]} {err}")
+    minimum = j.get("min_budget_bytes", 0)
+
+    budget = max(data // 3, minimum)
+    rc, out, err = run(cli, "plan", img, "--budget", str(budget), "--profile", prof, "--json")
+    expect(rc == 0, f"plan exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        blocks = j["blocks"]
+        expect(j["feasible"] is True, "feasible at a third")
+        expect(blocks[0][0] == 0 and all(a[1] + 1 == b[0] for a, b in zip(blocks, blocks[1:])), "blocks tile")
+        expect(j["total_bytes"] <= budget, f"plan needs {j['total_bytes']} > budget {budget}")
+        expect(j["predicted_ms"] > 0 and j["lookup_us"] < 100, "predicted and looked up")
+        expect(j["bytes_read_per_inference"] <= data, "reads at most the model")
+        expect(j["no_residency"]["bytes_read_per_inference"] == data, "the paper's plan re-reads everything")
+        planned_read = j["bytes_read_per_inference"]
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--plan", "auto", "--profile", prof,
+                           "--check", "--iters", "2", "--json")
+        expect(rc == 0, f"run --plan auto exit {rc}: {err}")
+        if rc == 0:
+            r = json.loads(out)
+            expect(r["equal"] is True, "outputs differ from direct inference")
+            expect(r["peak_model_bytes"] <= budget, f"peak {r['peak_model_bytes']} > budget {budget}")
+            expect(r["bytes_read_per_inference"] == planned_read,
+                   f"run read {r['bytes_read_per_inference']} per inference, plan said {planned_read}")
+
+    rc, out, err = run(cli, "plan", img, "--budget", str(data * 2), "--profile", prof, "--json")
+    if rc == 0:
+        j = json.loads(out)
+        expect(j["bytes_read_per_inference"] == 0 and len(j["resident_layers"]) > 0, "room to spare: all resident")
+    else:
+        expect(False, f"plan at twice the model: exit {rc}: {err}")
+
+    # A malformed profile is refused with the file and the field.
+    bad = os.path.join(work, name + "-bad.json")
+    pj = json.load(open(prof))
+    pj["block_ms"] = "fast"
+    json.dump(pj, open(bad, "w"))
+    rc, out, err = run(cli, "plan", img, "--budget", str(budget), "--profile", bad)
+    expect(rc == 2 and "block_ms" in err and bad in err, f"malformed profile: exit {rc}, {err!r}")
+    # A stale one (another thread count) is measured again on the spot, and not overwritten.
+    stale = os.path.join(work, name + "-stale.json")
+    pj = json.load(open(prof))
+    pj["threads"] = 99
+    json.dump(pj, open(stale, "w"))
+    rc, out, err = run(cli, "plan", img, "--budget", str(budget), "--profile", stale, "--json")
+    expect(rc == 0 and "stale" in err and "99 threads" in err, f"stale profile: exit {rc}, {err!r}")
+    expect(json.load(open(stale))["threads"] == 99, "a stale profile is not overwritten")
+    # A missing one is measured and saved where it was looked for.
+    missing = os.path.join(work, name + "-new", "device.json")
+    if os.path.exists(missing):
+        os.remove(missing)
+    env = dict(os.environ, SWAPNET_PROFILE=missing)
+    p = subprocess.run([cli, "plan", img, "--budget", str(budget), "--json"], capture_output=True, text=True, env=env)
+    expect(p.returncode == 0 and "no device profile" in p.stderr and os.path.exists(missing),
+           f"missing profile: exit {p.returncode}, {p.stderr!r}")
+
+    rc, out, err = run(cli, "run", img, "--budget", str(budget), "--resident", "0", "--iters", "1")
+    expect(rc == 2 and "--resident needs --partition or --blocks" in err, f"--resident alone: exit {rc}, {err!r}")
+    print(f"{name}: budget {budget}, minimum {minimum}, model {data}")
+    return checks.exit_status(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
