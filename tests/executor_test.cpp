@@ -127,6 +127,18 @@ TEST(Executor, ResidentBlocksAreReadOnceAndStayBitIdentical) {
     EXPECT_TRUE(c.equal) << "budget " << b << ": " << c.difference;
     EXPECT_LE(memory_stats().peak, auto_ex->plan().arena_bytes + auto_ex->plan().resident_bytes);
   }
+  auto_ex.reset();
+  // With a budget grid built at open, set_budget is a lookup: same guarantees.
+  ExecutorOptions g = a;
+  g.grid_step = 1 << 20;
+  auto grid_ex = Executor::open(pk.img, g);
+  for (std::uint64_t b : {info.data_size / 2, min_budget(info) + (1 << 20), info.data_size * 2, a.budget}) {
+    grid_ex->set_budget(b);
+    EXPECT_LE(grid_ex->plan().total(), b);
+    Comparison c = compare_outputs(expected, grid_ex->forward({x.clone()}));
+    EXPECT_TRUE(c.equal) << "grid, budget " << b << ": " << c.difference;
+  }
+  EXPECT_THROW(grid_ex->set_budget(4096), Error);
 }
 
 TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {

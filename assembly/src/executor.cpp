@@ -177,6 +177,17 @@ std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk) {
   return std::min(p.total(), one.total());
 }
 
+// The partitioner plans the arena and the resident blocks; the rest of the budget holds
+// activations and pinned shared weights, reserved at the finest partition's pinned bytes (an
+// upper bound: coarser blocks and resident blocks pin fewer).
+std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o) {
+  Blocks finest;
+  for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
+  std::vector<char> none(finest.size(), 0);
+  ExecutionPlan p = finish_plan(info, sk, std::move(finest), std::move(none), layer_costs(info, o), o.cost);
+  return p.activation_bytes + p.pinned_bytes;
+}
+
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
   const std::uint64_t minimum = min_budget_for(info, sk);
   auto too_small = [&](const std::string& what) {
@@ -210,15 +221,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   }
   if (o.budget < minimum) throw too_small("is below the minimum");
   if (o.planner == ExecutorOptions::Planner::kOptimal) {
-    // The partitioner plans the arena and the resident blocks; the rest of the budget holds
-    // activations and pinned shared weights, reserved at the finest partition's pinned bytes
-    // (an upper bound: coarser blocks and resident blocks pin fewer).
-    ExecutionPlan finest = finish_plan(info, sk, [&] {
-      Blocks b;
-      for (int k = 0; k < L; ++k) b.emplace_back(k, k);
-      return b;
-    }(), std::vector<char>(L, 0), costs, o.cost);
-    const std::uint64_t reserve = finest.activation_bytes + finest.pinned_bytes;
+    const std::uint64_t reserve = planning_reserve(info, sk, o);
     if (o.budget > reserve) {
       PartitionOptions po;
       po.residency = o.residency;
@@ -264,6 +267,8 @@ struct Executor::Impl {
   std::unique_ptr<Arena> kept;       // resident blocks, one after another
   std::vector<std::uint64_t> kept_at;  // per block: its offset in `kept` (resident blocks)
   std::vector<int> swapped;          // indices of the swapped blocks, in order
+  std::unique_ptr<PartitionTable> grid;  // ExecutorOptions::grid_step
+  std::uint64_t grid_reserve = 0;        // budget - capacity the grid was built for
   std::vector<int> pinned;           // slot indices kept resident
   void* pinned_buf = nullptr;
   std::vector<at::Tensor> pinned_views;
@@ -338,6 +343,12 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
                                                   kImageAlign),
                           options.memory);
   m.verified.assign(m.info.layers.size(), false);
+  if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
+    m.grid_reserve = planning_reserve(m.info, m.sk, options);
+    PartitionOptions po;
+    po.residency = options.residency;
+    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, options), options.cost, options.grid_step, po);
+  }
   adopt(m, std::move(p));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
@@ -428,9 +439,22 @@ void Executor::set_budget(std::uint64_t bytes) {
   o.partition.clear();
   o.blocks = 0;
   o.resident.clear();
-  ExecutionPlan p = plan_for(impl_->info, impl_->sk, o, impl_->path);  // throws if infeasible: nothing changes
-  impl_->opt = o;
-  adopt(*impl_, std::move(p));
+  Impl& m = *impl_;
+  if (m.grid && bytes > m.grid_reserve) {
+    const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
+    if (part.feasible) {
+      ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost);
+      if (p.total() <= bytes) {
+        p.min_budget = m.plan.min_budget;
+        m.opt = o;
+        adopt(m, std::move(p));
+        return;
+      }
+    }
+  }
+  ExecutionPlan p = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
+  m.opt = o;
+  adopt(m, std::move(p));
 }
 
 c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {

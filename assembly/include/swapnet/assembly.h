@@ -183,6 +183,10 @@ struct ExecutorOptions {
   // Execution times for kOptimal: the image's measured per-layer times (true), or gamma * FLOPs.
   bool measured_exec = true;
   double gamma_ms_per_flop = 0;
+  // kOptimal: precompute the best partition for every `grid_step` bytes of budget at open
+  // (PartitionTable; seconds for a large model) so that set_budget() is a lookup (microseconds)
+  // instead of a search (milliseconds). 0: search on every set_budget().
+  std::uint64_t grid_step = 0;
   std::vector<int> partition;    // first layer of each block after the first; empty: by `blocks`
   int blocks = 0;                // equal-byte blocks; 0: planned as `planner` says
   std::vector<int> resident;     // with `partition` or `blocks`: indices of blocks kept resident
