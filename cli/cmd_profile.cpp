@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <random>
 
@@ -290,31 +291,6 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
   return p;
 }
 
-json profile_json(const DeviceProfile& p) {
-  return {{"host", p.host},
-          {"cpu", p.cpu},
-          {"threads", p.threads},
-          {"created", p.created},
-          {"image", p.image},
-          {"raw_read_mb_s", p.raw_read_mb_s},
-          {"alpha_ms_per_byte", p.cost.alpha_ms_per_byte},
-          {"fitted_read_mb_s", 1.0 / (p.cost.alpha_ms_per_byte * 1e3)},
-          {"beta_ms_per_tensor", p.cost.beta_ms_per_tensor},
-          {"block_ms", p.cost.block_ms},
-          {"eta_ms_per_tensor", p.cost.eta_ms_per_tensor},
-          {"inference_ms", p.cost.inference_ms},
-          {"pipeline_extra_block_ms", p.pipeline_extra_block_ms},
-          {"pipeline_error", p.pipeline_error},
-          {"calibration_direct_ms", p.calibration_direct_ms},
-          {"calibration_exec_ms", p.calibration_exec_ms},
-          {"gamma_ms_per_flop", p.gamma_ms_per_flop},
-          {"t_in_error", p.t_in_error},
-          {"t_out_error", p.t_out_error},
-          {"exec_error_flops", p.exec_error_flops},
-          {"exec_error_measured", p.exec_error_measured},
-          {"exec_source", p.exec_source}};
-}
-
 int profile(const std::vector<std::string>& images, const Common& c, const std::string& out, int samples) {
   apply_common(c);
   if (images.empty()) throw Error("profile: give a swap image to measure with");
@@ -325,7 +301,12 @@ int profile(const std::vector<std::string>& images, const Common& c, const std::
   const std::string path = out.empty() ? default_profile_path() : out;
   save_profile(path, p).throw_if_error();
   load_profile(path, &p).throw_if_error();  // what was written is what plan and run will read
-  json j = profile_json(p);
+  json j;
+  {
+    std::ifstream f(path);
+    j = json::parse(f);  // the file as written, plus what the measurement saw
+  }
+  j["fitted_read_mb_s"] = 1.0 / (p.cost.alpha_ms_per_byte * 1e3);
   j["path"] = path;
   j["forward_ms_now"] = report["forward_ms_now"];
   j["forward_ms_image"] = report["forward_ms_image"];

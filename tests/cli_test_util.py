@@ -33,3 +33,11 @@ class Checks:
     def exit_status(self, name):
         print(f"{name}: {len(self.failures)} failures")
         return 1 if self.failures else 0
+
+
+def prepare(argv):
+    """The per-model scripts' common start: (cli, model, shape, work, name, image path, Checks)."""
+    cli, model, shape, work = argv[1:5]
+    name = os.path.splitext(os.path.basename(model))[0]
+    os.makedirs(work, exist_ok=True)
+    return cli, model, shape, work, name, os.path.join(work, name + ".swapnet"), Checks()

@@ -14,16 +14,12 @@ import os
 import subprocess
 import sys
 
-from cli_test_util import Checks, run
+from cli_test_util import prepare, run
 
 
 def main() -> int:
-    cli, model, shape, work = sys.argv[1:5]
-    name = os.path.splitext(os.path.basename(model))[0]
-    os.makedirs(work, exist_ok=True)
-    img = os.path.join(work, name + ".swapnet")
+    cli, model, shape, work, name, img, checks = prepare(sys.argv)
     prof = os.path.join(work, name + "-device.json")
-    checks = Checks()
     expect = checks.expect
 
     rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape)

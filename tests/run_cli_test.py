@@ -11,15 +11,11 @@ import os
 import re
 import sys
 
-from cli_test_util import Checks, run
+from cli_test_util import prepare, run
 
 
 def main() -> int:
-    cli, model, shape, work = sys.argv[1:5]
-    name = os.path.splitext(os.path.basename(model))[0]
-    os.makedirs(work, exist_ok=True)
-    img = os.path.join(work, name + ".swapnet")
-    checks = Checks()
+    cli, model, shape, work, name, img, checks = prepare(sys.argv)
     expect = checks.expect
 
     rc, out, err = run(cli, "pack", model, "-o", img, "--input-shape", shape)
