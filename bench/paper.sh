@@ -5,18 +5,12 @@
 # Writes bench/results/paper.csv and prints a markdown table.
 #   bench/paper.sh [ROUNDS] [ITERS]
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-3} iters=${2:-3}
-cli=${SWAPNET_CLI:-$repo/build/swapnet}
-models=${SWAPNET_MODELS:-$repo/.cache/models}
-out=$repo/bench/results
-mkdir -p "$out"
-bash "$repo/scripts/models.sh" paper >/dev/null
-declare -A shape=([resnet101]=1,3,224,224 [vgg19]=1,3,224,224 [fcn_resnet101]=1,3,224,224 [yolov3]=1,3,416,416)
+source "$(dirname "$0")/common.sh"
+pack_paper_models
 rows=$(mktemp)
 for m in resnet101 vgg19 fcn_resnet101 yolov3; do
   img=$models/$m.swapnet
-  [ -f "$img" ] || "$cli" pack "$models/$m.pt" -o "$img" --input-shape "${shape[$m]}" >/dev/null
   data=$("$cli" inspect "$img" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])')
   minimum=$({ "$cli" run "$img" --budget 4096 --iters 1 2>&1 || true; } | sed -n 's/.*the minimum for this model is \([0-9]*\) bytes.*/\1/p')
   for frac in 2 3 5; do

@@ -8,18 +8,9 @@
 # Writes bench/results/partition.{jsonl,csv,md} and bench/results/device.json.
 #   bench/partition.sh [ROUNDS] [ITERS]
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-3} iters=${2:-5}
-cli=${SWAPNET_CLI:-$repo/build/swapnet}
-models=${SWAPNET_MODELS:-$repo/.cache/models}
-out=$repo/bench/results
-mkdir -p "$out"
-bash "$repo/scripts/models.sh" paper >/dev/null
-declare -A shape=([resnet101]=1,3,224,224 [vgg19]=1,3,224,224 [fcn_resnet101]=1,3,224,224 [yolov3]=1,3,416,416)
-for m in resnet101 vgg19 fcn_resnet101 yolov3; do
-  img=$models/$m.swapnet
-  [ -f "$img" ] || "$cli" pack "$models/$m.pt" -o "$img" --input-shape "${shape[$m]}" >/dev/null
-done
+source "$(dirname "$0")/common.sh"
+pack_paper_models
 profile=$out/device.json
 echo "bench/partition.sh: profiling this device" >&2
 "$cli" profile "$models/resnet101.swapnet" "$models/vgg19.swapnet" "$models/fcn_resnet101.swapnet" \

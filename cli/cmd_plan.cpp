@@ -68,11 +68,7 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
   for (const auto& l : costs) exec_ms += l.exec_ms;
   j["exec_ms"] = exec_ms;  // the execution time the image (or gamma * FLOPs) predicts
   // The capacity the partitioner gets: the budget less activations and (at most) pinned bytes.
-  ExecutorOptions finest = eo;
-  finest.budget = UINT64_MAX / 4;
-  finest.blocks = static_cast<int>(info.layers.size());
-  const ExecutionPlan fp = plan_execution(info, finest);
-  const std::uint64_t reserve = fp.activation_bytes + fp.pinned_bytes;
+  const std::uint64_t reserve = planning_reserve(info, eo);
   const std::uint64_t capacity = budget > reserve ? budget - reserve : 0;
   if (budget >= minimum) {
     auto t0 = Clock::now();

@@ -250,6 +250,10 @@ std::uint64_t min_budget(const ImageInfo& info) {
   return min_budget_for(info, Skeleton::from_image(info, info.source));
 }
 
+std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) {
+  return planning_reserve(info, Skeleton::from_image(info, info.source), o);
+}
+
 ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
   return plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
 }

@@ -213,6 +213,9 @@ struct ExecutionPlan {
   bool all_resident() const { return read_bytes == 0; }
 };
 
+// What the planner keeps out of a budget before partitioning (activations + the finest
+// partition's pinned shared weights): the partitioner's capacity is the budget less this.
+SWAPNET_API std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o);
 // The layer table as the partitioner sees it (bytes, tensors, execution time per `o`).
 SWAPNET_API std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o);
 

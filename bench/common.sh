@@ -1,0 +1,17 @@
+# Sourced by the paper-model benchmarks: where things are, and the four paper models packed.
+#   repo, cli, models, out (bench/results), shape[model]; pack_paper_models
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cli=${SWAPNET_CLI:-$repo/build/swapnet}
+models=${SWAPNET_MODELS:-$repo/.cache/models}
+out=$repo/bench/results
+mkdir -p "$out"
+declare -A shape=([resnet101]=1,3,224,224 [vgg19]=1,3,224,224 [fcn_resnet101]=1,3,224,224 [yolov3]=1,3,416,416)
+# Exports the paper models (if missing) and packs each into its swap image (if missing).
+pack_paper_models() {
+  bash "$repo/scripts/models.sh" paper >/dev/null
+  local m
+  for m in resnet101 vgg19 fcn_resnet101 yolov3; do
+    [ -f "$models/$m.swapnet" ] ||
+      "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
+  done
+}
