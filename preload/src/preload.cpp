@@ -12,6 +12,11 @@
 // - Managed memory is never asked for beyond what the GPU had free when the backend was chosen
 //   (less 10 %); past that, requests go to c10's allocator (said once).
 // - No libtorch headers: this file declares the two c10 functions it replaces.
+// - Copy-free .to(cuda) lives in libswapnet_dispatch.so (dispatch.cpp), which links libtorch
+//   and registers a kernel with the dispatcher. This library dlopens it after the backend is
+//   decided (outside the call_once, so the dispatch library's initialisers may allocate), and
+//   only when the libtorch it was linked with is the one already loaded: a program built
+//   against another libtorch keeps the normal path (said once) instead of loading a second one.
 #include "swapnet/preload.h"
 
 #include <dlfcn.h>
@@ -49,7 +54,15 @@ struct Cuda {
   using Free = int (*)(void*);
   using MemGetInfo = int (*)(size_t*, size_t*);
   using GetErrorString = const char* (*)(int);
+  using GetDevice = int (*)(int*);
+  using DeviceGetAttribute = int (*)(int*, int, int);
+  using RuntimeGetVersion = int (*)(int*);
   GetDeviceCount get_device_count = nullptr;
+  GetDevice get_device = nullptr;
+  DeviceGetAttribute device_get_attribute = nullptr;
+  RuntimeGetVersion runtime_get_version = nullptr;
+  void* mem_prefetch = nullptr;  // cudaMemPrefetchAsync: its signature changed in CUDA 13
+  int version = 0;               // cudaRuntimeGetVersion, e.g. 13000
   MallocManaged malloc_managed = nullptr;
   Free free = nullptr;
   MemGetInfo mem_get_info = nullptr;
@@ -75,6 +88,11 @@ struct Cuda {
     free = reinterpret_cast<Free>(dlsym(h, "cudaFree"));
     mem_get_info = reinterpret_cast<MemGetInfo>(dlsym(h, "cudaMemGetInfo"));
     error_string = reinterpret_cast<GetErrorString>(dlsym(h, "cudaGetErrorString"));
+    get_device = reinterpret_cast<GetDevice>(dlsym(h, "cudaGetDevice"));
+    device_get_attribute = reinterpret_cast<DeviceGetAttribute>(dlsym(h, "cudaDeviceGetAttribute"));
+    runtime_get_version = reinterpret_cast<RuntimeGetVersion>(dlsym(h, "cudaRuntimeGetVersion"));
+    mem_prefetch = dlsym(h, "cudaMemPrefetchAsync");
+    if (runtime_get_version) runtime_get_version(&version);
     if (!get_device_count || !malloc_managed || !free || !mem_get_info) {
       why_not = "libcudart lacks cudaMallocManaged/cudaFree/cudaMemGetInfo";
       return;
@@ -117,6 +135,10 @@ struct State {
   void (*real_free)(void*) = nullptr;
   std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, current{0}, peak{0}, managed_current{0};
   std::atomic<bool> said_overflow{false};
+  // Copy-free dispatch (libswapnet_dispatch.so): SWAPNET_DISPATCH=auto|on|off|alias-host.
+  enum class Dispatch { kOff, kAuto, kOn, kAliasHost } dispatch = Dispatch::kAuto;
+  std::atomic<bool> dispatch_pending{false};
+  void* dispatch_lib = nullptr;
   static constexpr int kShards = 64;
   Shard shards[kShards];
 
@@ -145,6 +167,42 @@ void print_stats() {
                name(s.backend.load()), static_cast<unsigned long long>(s.allocations.load()),
                static_cast<unsigned long long>(s.frees.load()), static_cast<unsigned long long>(s.bytes.load()),
                static_cast<unsigned long long>(s.peak.load()));
+  if (s.dispatch_lib != nullptr) {
+    using Stats = void (*)(uint64_t*);
+    auto stats = reinterpret_cast<Stats>(dlsym(s.dispatch_lib, "swapnet_dispatch_stats"));
+    uint64_t v[4] = {0, 0, 0, 0};
+    if (stats) stats(v);
+    std::fprintf(stderr, "swapnet-dispatch: calls=%llu to_cuda=%llu aliased=%llu copied=%llu\n",
+                 static_cast<unsigned long long>(v[0]), static_cast<unsigned long long>(v[1]),
+                 static_cast<unsigned long long>(v[2]), static_cast<unsigned long long>(v[3]));
+  }
+}
+
+// Loads libswapnet_dispatch.so (next to this library, or $SWAPNET_DISPATCH_LIB) if the libtorch
+// it links is the one in the process; otherwise says why, once, and leaves .to() alone.
+void load_dispatch(State& s) {
+  std::string path;
+  if (const char* p = getenv("SWAPNET_DISPATCH_LIB"); p && *p) {
+    path = p;
+  } else {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&load_dispatch), &info) == 0 || info.dli_fname == nullptr) return;
+    std::string self = info.dli_fname;
+    path = self.substr(0, self.find_last_of('/') + 1) + "libswapnet_dispatch.so";
+  }
+#ifdef SWAPNET_TORCH_CPU_SONAME
+  if (dlopen(SWAPNET_TORCH_CPU_SONAME, RTLD_LAZY | RTLD_NOLOAD) == nullptr) {
+    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: this program's libtorch is not %s, "
+                         "the one %s was built with\n", SWAPNET_TORCH_CPU_SONAME, path.c_str());
+    return;
+  }
+#endif
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: %s\n", dlerror());
+    return;
+  }
+  s.dispatch_lib = h;
 }
 
 void resolve_real(State& s) {
@@ -182,6 +240,22 @@ void decide(State& s) {
     }
   }
   if (s.real_alloc == nullptr || s.real_free == nullptr) b = Backend::kOff;  // not a libtorch process
+  const char* disp = getenv("SWAPNET_DISPATCH");
+  const std::string d = disp ? disp : "";
+  if (d == "off") {
+    s.dispatch = State::Dispatch::kOff;
+  } else if (d == "on") {
+    s.dispatch = State::Dispatch::kOn;
+  } else if (d == "alias-host") {
+    s.dispatch = State::Dispatch::kAliasHost;
+  } else if (!d.empty() && d != "auto") {
+    std::fprintf(stderr, "swapnet-preload: SWAPNET_DISPATCH='%s' is not one of auto|on|off|alias-host; using auto\n",
+                 d.c_str());
+  }
+  // auto: only where aliasing can happen (managed memory); on/alias-host: whenever swapnet serves.
+  const bool load = b != Backend::kOff && (s.dispatch == State::Dispatch::kOn || s.dispatch == State::Dispatch::kAliasHost ||
+                                           (s.dispatch == State::Dispatch::kAuto && b == Backend::kManaged));
+  s.dispatch_pending.store(load);
   s.backend.store(b);
   if (s.stats) atexit(print_stats);
 }
@@ -206,6 +280,7 @@ void* alloc_cpu(size_t nbytes) {
     return nullptr;  // as c10 does
   }
   std::call_once(s.decided, [&] { decide(s); });
+  if (s.dispatch_pending.load(std::memory_order_relaxed) && s.dispatch_pending.exchange(false)) load_dispatch(s);
   const Backend b = s.backend.load(std::memory_order_relaxed);
   if (b == Backend::kOff) return s.real_alloc(nbytes);
   void* p = nullptr;
@@ -282,6 +357,39 @@ SWAPNET_PRELOAD_API int swapnet_preload_is_managed(const void* p) {
   std::lock_guard<std::mutex> lock(sh.mu);
   auto it = sh.blocks.find(const_cast<void*>(p));
   return it != sh.blocks.end() && it->second.managed ? 1 : 0;
+}
+
+SWAPNET_PRELOAD_API int swapnet_preload_alias_host(void) {
+  return state().dispatch == State::Dispatch::kAliasHost ? 1 : 0;
+}
+
+SWAPNET_PRELOAD_API int swapnet_preload_cuda_device(void) {
+  State& s = state();
+  int d = -1;
+  if (s.cuda.get_device == nullptr || s.cuda.get_device(&d) != 0) return -1;
+  return d;
+}
+
+// Discrete GPUs that access managed memory concurrently (H100/H200): start migrating the pages to
+// `device` now, on the legacy default stream, so kernels find them there. Integrated GPUs
+// (Jetson, concurrentManagedAccess == 0) refuse prefetches; their memory is the same DRAM, so
+// there is nothing to move: returns 0 without a call. Returns the CUDA error, 0 on success.
+SWAPNET_PRELOAD_API int swapnet_preload_prefetch(const void* p, size_t bytes, int device) {
+  State& s = state();
+  Cuda& c = s.cuda;
+  if (c.mem_prefetch == nullptr || c.device_get_attribute == nullptr || device < 0) return 0;
+  int concurrent = 0;
+  if (c.device_get_attribute(&concurrent, /*cudaDevAttrConcurrentManagedAccess=*/89, device) != 0 || !concurrent) return 0;
+  if (c.version >= 13000) {
+    struct Location {
+      int type;  // cudaMemLocationTypeDevice = 1
+      int id;
+    } loc{1, device};
+    using Fn = int (*)(const void*, size_t, Location, unsigned, void*);
+    return reinterpret_cast<Fn>(c.mem_prefetch)(p, bytes, loc, 0, nullptr);
+  }
+  using Fn = int (*)(const void*, size_t, int, void*);
+  return reinterpret_cast<Fn>(c.mem_prefetch)(p, bytes, device, nullptr);
 }
 
 SWAPNET_PRELOAD_API void swapnet_preload_get_stats(struct swapnet_preload_stats* out) {
