@@ -6,7 +6,9 @@
 //            freshly allocated "dummy" tensors, no overlap between I/O and compute.
 // --check compares every output with direct inference bit for bit. --compare runs each mode in
 // its own process (so each one's memory is its own), rounds interleaved, and prints ratios.
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/script.h>
 
@@ -60,7 +62,7 @@ static void drop_page_cache(const std::string& path) {
   }
 }
 
-InMemory::InMemory(const std::string& path, const ImageInfo& info) : sk(Skeleton::from_image(info, path)) {
+InMemory::InMemory(const std::string& path, const ImageInfo& info, bool cuda) : sk(Skeleton::from_image(info, path)) {
   std::unique_ptr<BlockReader> r;
   BlockReader::open(path, ReaderOptions{}, &r).throw_if_error();
   data = alloc_aligned(info.data_size);
@@ -71,6 +73,13 @@ InMemory::InMemory(const std::string& path, const ImageInfo& info) : sk(Skeleton
     throw Error(s.message());
   }
   sk.bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+  if (cuda) {
+    for (int i = 0; i < static_cast<int>(sk.slots().size()); ++i) {
+      if (sk.slot(i).defined()) sk.bind_slot(i, sk.slot(i).to(at::Device(at::kCUDA, 0)));
+    }
+    free_aligned(data);
+    data = nullptr;
+  }
 }
 InMemory::~InMemory() { free_aligned(data); }
 
@@ -161,6 +170,23 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   else throw Error("--verify '" + o.verify + "' is not one of first|always|never");
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
   if (o.mode == "direct") eo.budget = UINT64_MAX / 4;
+  if (o.device != "cpu" && o.device != "cuda") throw Error("--device '" + o.device + "' is not one of cpu|cuda");
+  const bool cuda = o.device == "cuda";
+  if (cuda) {
+    eo.device = ExecutorOptions::Device::kCUDA;
+    if (o.mode == "naive") throw Error("--mode naive runs on the CPU only (it is the paper's CPU baseline)");
+    if (!at::hasCUDA()) throw Error(path + ": --device cuda: this libtorch has no CUDA support (a CPU-only build)");
+    if (!cuda_device().usable) throw Error(path + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
+    for (auto& v : inputs) {
+      if (v.isTensor()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
+    }
+  }
+  // GPU work is asynchronous: a timed forward ends when the GPU is done with it.
+  auto sync = [&] {
+    if (!cuda) return;
+    const auto* g = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    g->synchronizeStream(g->getStream(at::Device(at::kCUDA, 0)));
+  };
 
   drop_page_cache(path);
   std::uint64_t cache_before = 0, cache_after = 0;
@@ -186,6 +212,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
       const std::uint64_t base = cpu_meter().current;
       auto t0 = Clock::now();
       c10::IValue out = fwd();
+      sync();
       lat.push_back(ms_since(t0));
       act_peak = std::max(act_peak, cpu_meter().peak - base);
       if (o.check && outs.size() < 3) outs.push_back(out);
@@ -219,7 +246,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     measure([&] { return naive_forward(sk, path, info, p, clone_inputs(inputs), &naive_read); },
             [&] { return naive_read; });
   } else if (o.mode == "direct") {
-    InMemory direct(path, info);
+    InMemory direct(path, info, cuda);
     plan_json.push_back({0, static_cast<int>(info.layers.size()) - 1});
     arena_bytes = info.data_size;
     measure([&] { return direct.sk.forward(clone_inputs(inputs)); }, [] { return std::uint64_t{0}; });
@@ -254,13 +281,14 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   j["io_bound_ms"] = per_inf / (raw * 1e3);
   j["backend"] = backend;
   j["memory"] = memory;
+  j["device"] = o.device;
   j["verify"] = o.verify;
   j["plan"] = o.plan;
   if (predicted_ms > 0) j["predicted_ms"] = predicted_ms;
   if (o.mode == "swapnet") j["bind_us_per_tensor"] = bind_us;
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
-    InMemory direct(path, info);
+    InMemory direct(path, info, cuda);
     c10::IValue ref = direct.sk.forward(clone_inputs(inputs));
     bool equal = true;
     std::string diff;
@@ -341,6 +369,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
   if (n <= 0) throw Error("cannot find this executable (/proc/self/exe)");
   self[n] = '\0';
   std::vector<std::string> modes = {"direct", "swapnet", "naive"};
+  if (o.device == "cuda") modes = {"direct", "swapnet"};  // naive is the CPU baseline
   std::map<std::string, std::vector<json>> results;
   for (int r = 0; r < std::max(1, o.rounds); ++r) {
     for (const auto& mode : modes) {
@@ -353,7 +382,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (!o.resident.empty()) args.insert(args.end(), {"--resident", o.resident});
       if (!o.profile.empty()) args.insert(args.end(), {"--profile", o.profile});
       if (o.check && mode != "direct") args.push_back("--check");
-      args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan});
+      args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan, "--device", o.device});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});
       results[mode].push_back(run_child(self, args));
     }
@@ -380,16 +409,19 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
   j["peak_rss_bytes"] = peak_rss;
   if (o.check) j["equal"] = equal;
   const double direct_ms = med("direct", "latency_ms", "median");
-  const double naive_ms = med("naive", "latency_ms", "median");
+  const bool naive = !results["naive"].empty();
+  const double naive_ms = naive ? med("naive", "latency_ms", "median") : 0.0;
   j["direct"] = {{"latency_ms", {{"median", direct_ms}, {"p90", med("direct", "latency_ms", "p90")}}},
                  {"peak_model_bytes", results["direct"].back()["peak_model_bytes"]},
                  {"peak_rss_bytes", results["direct"].back()["peak_rss_bytes"]}};
-  j["naive"] = {{"latency_ms", {{"median", naive_ms}}},
-                {"peak_rss_bytes", results["naive"].back()["peak_rss_bytes"]},
-                {"page_cache_growth_bytes", results["naive"].back()["page_cache_growth_bytes"]}};
+  if (naive) {
+    j["naive"] = {{"latency_ms", {{"median", naive_ms}}},
+                  {"peak_rss_bytes", results["naive"].back()["peak_rss_bytes"]},
+                  {"page_cache_growth_bytes", results["naive"].back()["page_cache_growth_bytes"]}};
+  }
   j["ratio_vs_direct"] = j["latency_ms"]["median"].get<double>() / direct_ms;
   j["ratio_vs_bound"] = j["latency_ms"]["median"].get<double>() / std::max(direct_ms, j["io_bound_ms"].get<double>());
-  j["naive_ratio"] = naive_ms / j["latency_ms"]["median"].get<double>();
+  if (naive) j["naive_ratio"] = naive_ms / j["latency_ms"]["median"].get<double>();
   if (c.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -401,11 +433,14 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
                 format_bytes(j["direct"]["peak_rss_bytes"].get<std::uint64_t>()).c_str());
     std::printf("%-8s %12.1f %18s %14s\n", "swapnet", j["latency_ms"]["median"].get<double>(),
                 format_bytes(peak_model).c_str(), format_bytes(peak_rss).c_str());
-    std::printf("%-8s %12.1f %18s %14s\n", "naive", naive_ms, "-",
-                format_bytes(j["naive"]["peak_rss_bytes"].get<std::uint64_t>()).c_str());
-    std::printf("swapnet / direct = %.3f; swapnet / max(direct, io_bound %.1f ms) = %.3f; naive / swapnet = %.2f\n",
-                j["ratio_vs_direct"].get<double>(), j["io_bound_ms"].get<double>(), j["ratio_vs_bound"].get<double>(),
-                j["naive_ratio"].get<double>());
+    if (naive) {
+      std::printf("%-8s %12.1f %18s %14s\n", "naive", naive_ms, "-",
+                  format_bytes(j["naive"]["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+    }
+    std::printf("swapnet / direct = %.3f; swapnet / max(direct, io_bound %.1f ms) = %.3f", j["ratio_vs_direct"].get<double>(),
+                j["io_bound_ms"].get<double>(), j["ratio_vs_bound"].get<double>());
+    if (naive) std::printf("; naive / swapnet = %.2f", j["naive_ratio"].get<double>());
+    std::printf("\n");
     if (o.check) std::printf("outputs %s direct inference\n", equal ? "bit-identical to" : "DIFFER from");
   }
   return o.check && !equal ? 1 : 0;

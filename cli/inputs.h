@@ -30,7 +30,8 @@ void use_profile(const DeviceProfile& p, ExecutorOptions* o);
 struct InMemory {
   Skeleton sk;
   void* data = nullptr;
-  InMemory(const std::string& path, const ImageInfo& info);
+  // `cuda`: every weight then copied to GPU memory, as model.to(kCUDA) does (direct GPU inference).
+  InMemory(const std::string& path, const ImageInfo& info, bool cuda = false);
   ~InMemory();
   InMemory(const InMemory&) = delete;
   InMemory& operator=(const InMemory&) = delete;

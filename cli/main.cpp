@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
                   "auto (default: the partitioner's best blocks, some kept resident where the budget leaves room) | "
                   "optimal (the same, every block re-read each inference, as the paper) | equal (fewest equal-byte blocks)");
   run->add_option("--resident", ro.resident, "with --partition/--blocks: blocks kept resident, e.g. 0,3");
+  run->add_option("--device", ro.device, "where layers run: cpu (default) | cuda (blocks in managed memory, no copies)");
   run->add_option("--profile", ro.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   add_common(run, common, true, false);
 

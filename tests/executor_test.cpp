@@ -3,6 +3,7 @@
 // (budget too small, I/O failure, wrong input) are clear and leave the executor usable.
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
 #include <torch/script.h>
 
 #include <cerrno>
@@ -87,6 +88,27 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
   EXPECT_EQ(p.read_bytes + p.resident_bytes, info.data_size);
   EXPECT_EQ(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes)
       << "resident blocks read once, every swapped block once per inference";
+}
+
+// --device cuda: where the libtorch or the GPU is missing, open says which, naming the image;
+// where both exist (scripts/gpu-check.sh), it opens on memory the GPU reads in place.
+TEST(Executor, CudaDeviceSaysWhatIsMissing) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+  o.device = ExecutorOptions::Device::kCUDA;
+  if (!at::hasCUDA()) {
+    const std::string e = error_of([&] { Executor::open(pk.img, o); });
+    EXPECT_NE(e.find(pk.img + ": --device cuda: this libtorch has no CUDA support"), std::string::npos) << e;
+  } else if (!cuda_device().usable) {
+    const std::string e = error_of([&] { Executor::open(pk.img, o); });
+    EXPECT_NE(e.find("no usable CUDA device: " + cuda_device().reason), std::string::npos) << e;
+  } else {
+    auto ex = Executor::open(pk.img, o);
+    EXPECT_NE(ex->memory(), MemoryKind::kHost);
+    o.memory = MemoryKind::kHost;
+    EXPECT_NE(error_of([&] { Executor::open(pk.img, o); }).find("not host memory"), std::string::npos);
+  }
 }
 
 TEST(Executor, ResidentBlocksAreReadOnceAndStayBitIdentical) {

@@ -2,7 +2,9 @@
 """`swapnet run` end to end for one model: pack, then run at a third of the model's bytes (or
 its minimum budget, if larger) with --check: outputs bit-identical to direct inference, peak
 model memory within the budget, no page-cache growth beyond 1 MiB, more than one block; a
-budget below the minimum is refused with the minimum stated; --mode naive and direct work.
+budget below the minimum is refused with the minimum stated; --mode naive and direct work;
+--device cuda says what is missing where there is no CUDA libtorch or GPU (SWAPNET_EXPECT_GPU=1,
+as scripts/gpu-check.sh sets: it runs, bit-identical to direct GPU inference, within the budget).
 
   run_cli_test.py SWAPNET_CLI MODEL.pt INPUT_SHAPE WORKDIR
 """
@@ -42,6 +44,20 @@ def main() -> int:
     for mode in ("naive", "direct"):
         rc, out, err = run(cli, "run", img, "--budget", str(budget), "--mode", mode, "--iters", "1", "--json")
         expect(rc == 0, f"--mode {mode}: exit {rc}: {err}")
+    rc, out, err = run(cli, "run", img, "--budget", str(budget), "--device", "cuda", "--check", "--iters", "2", "--json")
+    if os.environ.get("SWAPNET_EXPECT_GPU"):
+        expect(rc == 0, f"--device cuda: exit {rc}: {err}")
+        if rc == 0:
+            j = json.loads(out)
+            print(json.dumps({k: j[k] for k in ("device", "memory", "num_blocks", "peak_model_bytes", "latency_ms", "equal")}))
+            expect(j["equal"] is True and j["device"] == "cuda", "GPU outputs differ from direct GPU inference")
+            expect(j["memory"] in ("managed", "registered"), f"GPU blocks in {j['memory']} memory")
+            expect(j["peak_model_bytes"] <= budget, f"GPU peak {j['peak_model_bytes']} > budget {budget}")
+    else:
+        expect(rc == 2 and "--device cuda:" in err and ("no CUDA support" in err or "no usable CUDA device" in err),
+               f"--device cuda without a GPU: exit {rc}, {err!r}")
+    rc, out, err = run(cli, "run", img, "--budget", str(budget), "--device", "tpu")
+    expect(rc == 2 and "--device 'tpu' is not one of cpu|cuda" in err, f"--device tpu: exit {rc}, {err!r}")
     print(f"{name}: budget {budget}, minimum {minimum}")
     return checks.exit_status(name)
 

@@ -40,7 +40,13 @@ std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAl
 
 }  // namespace
 
-const char* to_string(MemoryKind k) { return k == MemoryKind::kManaged ? "managed" : "host"; }
+const char* to_string(MemoryKind k) {
+  switch (k) {
+    case MemoryKind::kManaged: return "managed";
+    case MemoryKind::kRegistered: return "registered";
+    default: return "host";
+  }
+}
 
 MemoryStats memory_stats() { return MemoryStats{g_current.load(), g_peak.load()}; }
 void reset_memory_peak() { g_peak.store(g_current.load()); }
@@ -48,6 +54,9 @@ void reset_memory_peak() { g_peak.store(g_current.load()); }
 std::unique_ptr<Arena> Arena::create(std::uint64_t capacity, MemoryKind kind) {
   capacity = align_up(capacity);
   if (capacity == 0) throw Error("arena: capacity must be positive");
+  if (kind == MemoryKind::kRegistered && !cuda_device().usable) {
+    throw Error("arena: pinned host memory registered with CUDA needs a usable GPU (" + cuda_device().reason + ")");
+  }
   if (kind == MemoryKind::kManaged && !cuda_device().usable) {
     log_once(LogLevel::kInfo, "arena_host", "no usable CUDA device (" + cuda_device().reason +
                                                 "): block memory is page-aligned host memory");
@@ -64,19 +73,35 @@ std::unique_ptr<Arena> Arena::create(std::uint64_t capacity, MemoryKind kind) {
     base = static_cast<char*>(p);
   }
 #endif
+  char* device_base = nullptr;
   if (base == nullptr) {
-    kind = MemoryKind::kHost;
+    if (kind != MemoryKind::kRegistered) kind = MemoryKind::kHost;
     void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       throw Error("arena: reserving " + std::to_string(capacity) + " bytes failed: " + std::strerror(errno));
     }
     base = static_cast<char*>(p);
+#if SWAPNET_WITH_CUDA
+    if (kind == MemoryKind::kRegistered) {
+      cudaError_t err = cudaHostRegister(base, capacity, cudaHostRegisterPortable | cudaHostRegisterMapped);
+      void* dev = nullptr;
+      if (err == cudaSuccess) err = cudaHostGetDevicePointer(&dev, base, 0);
+      if (err != cudaSuccess) {
+        cudaHostUnregister(base);
+        ::munmap(base, capacity);
+        throw Error("arena: cudaHostRegister(" + std::to_string(capacity) + " bytes) failed: " + cudaGetErrorString(err));
+      }
+      device_base = static_cast<char*>(dev);
+    }
+#endif
   }
-  return std::unique_ptr<Arena>(new Arena(base, capacity, kind));
+  auto arena = std::unique_ptr<Arena>(new Arena(base, capacity, kind));
+  if (device_base != nullptr) arena->device_base_ = device_base;
+  return arena;
 }
 
 Arena::Arena(char* base, std::uint64_t capacity, MemoryKind kind)
-    : base_(base), capacity_(capacity), budget_(capacity), kind_(kind) {}
+    : base_(base), device_base_(base), capacity_(capacity), budget_(capacity), kind_(kind) {}
 
 Arena::~Arena() {
   account(-static_cast<std::int64_t>(low_ + high_));
@@ -85,6 +110,7 @@ Arena::~Arena() {
     cudaFree(base_);
     return;
   }
+  if (kind_ == MemoryKind::kRegistered) cudaHostUnregister(base_);
 #endif
   ::munmap(base_, capacity_);
 }

@@ -60,4 +60,32 @@ const DeviceInfo& cuda_device() {
   return info;
 }
 
+void gpu_prefetch(const void* p, std::uint64_t bytes) {
+#if SWAPNET_WITH_CUDA
+  const DeviceInfo& d = cuda_device();
+  if (!d.usable || d.integrated || !d.concurrent_managed_access || bytes == 0) return;
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) s = nullptr;
+    return s;
+  }();
+#if CUDART_VERSION >= 13000
+  cudaMemLocation loc{};
+  loc.type = cudaMemLocationTypeDevice;
+  loc.id = 0;
+  cudaError_t err = cudaMemPrefetchAsync(p, bytes, loc, 0, stream);
+#else
+  cudaError_t err = cudaMemPrefetchAsync(p, bytes, 0, stream);
+#endif
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    log_once(LogLevel::kWarn, "gpu_prefetch", std::string("cudaMemPrefetchAsync failed (") + cudaGetErrorString(err) +
+                                                  "); pages migrate on first touch instead");
+  }
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 }  // namespace swapnet

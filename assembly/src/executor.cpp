@@ -8,8 +8,26 @@
 //    the CPU meter when packing);
 //  - pinned: slots read by a layer outside the block that owns them (shared weights); they are
 //    read once at open and stay resident, so a released block never leaves a dangling view.
+//
+// Note [Swapping onto the GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With ExecutorOptions::Device::kCUDA the arena is managed memory: the reader DMAs a block
+// into it, and the same bytes are bound as CUDA tensors (no copy). On discrete GPUs
+// (concurrentManagedAccess) the block is prefetched to the GPU once read; on integrated GPUs
+// (Jetson) there is nothing to move. Kernels run asynchronously, so an arena end may only be
+// refilled once the kernels reading its previous block are done: after a block's layers are
+// queued, an event is recorded for its end, and the read into that end waits for it. The order
+// per block is therefore: wait for its read, bind, queue its kernels, then submit the next read
+// (which waits for the block before, two back) — the read of block i+1 still overlaps the
+// kernels of block i. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
+// with a one-page read at open), the arena is host memory pinned with cudaHostRegister instead.
+// Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
+// bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
+#include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -19,6 +37,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "swapnet/assembly.h"
 
@@ -280,6 +299,32 @@ struct Executor::Impl {
   double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
   std::uint64_t bound = 0;      // tensors bound by it
   bool resident_loaded = false;
+  // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
+  bool cuda = false;
+  c10::Device device{c10::DeviceType::CPU};
+  std::unique_ptr<c10::Event> done[2];  // per arena end: the kernels of the block placed there
+  std::unique_ptr<Arena> pinned_gpu;    // pinned slots, where the GPU can read them
+
+  // The address the layers read for `p` in `a` (the GPU's view of registered memory).
+  void* dev(const Arena& a, void* p) const { return a.device_base() + (static_cast<char*>(p) - a.base()); }
+  c10::Stream stream() const { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device); }
+  // Kernels reading arena end `e` have been queued: remember where they end.
+  void record_end(int e) {
+    if (!done[e]) done[e] = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+    done[e]->record(stream());
+  }
+  // Before the reader writes into end `e`: its previous block's kernels must have finished.
+  void wait_end(int e) const {
+    if (!cuda || !done[e]) return;
+    while (!done[e]->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  // Nothing queued on the GPU reads any block: before arenas are resized, re-read or freed.
+  void gpu_idle() const {
+    if (!cuda) return;
+    wait_end(0);
+    wait_end(1);
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
+  }
 
   // The checks block b's fetch must make under the verify policy.
   std::vector<BlockReader::Check> checks_for(size_t b) const {
@@ -297,7 +342,13 @@ struct Executor::Impl {
   }
 
   Impl(std::string p, ImageInfo i, Skeleton s) : path(std::move(p)), info(std::move(i)), sk(std::move(s)) {}
-  ~Impl() { free_aligned(pinned_buf); }
+  ~Impl() {
+    try {
+      gpu_idle();
+    } catch (...) {  // a failing GPU at teardown: nothing left to protect
+    }
+    free_aligned(pinned_buf);
+  }
 
   void rebind_pinned() {
     for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
@@ -305,7 +356,7 @@ struct Executor::Impl {
   void bind_resident() {
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
       if (!plan.resident[b]) continue;
-      sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, kept->base() + kept_at[b], offset(b));
+      sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, dev(*kept, kept->base() + kept_at[b]), offset(b), device);
     }
   }
   // Reads every resident block (once per plan) and binds it.
@@ -315,6 +366,7 @@ struct Executor::Impl {
       Status s = reader->read(offset(b), plan.block_bytes[b], kept->base() + kept_at[b], checks_for(b));
       if (!s.ok()) throw Error(s.message() + " (resident block " + std::to_string(b) + ")");
       mark_verified(b);
+      if (cuda) gpu_prefetch(kept->base() + kept_at[b], plan.block_bytes[b]);
     }
     bind_resident();
     rebind_pinned();
@@ -338,6 +390,18 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk));
   Impl& m = *impl;
   m.opt = options;
+  if (options.device == ExecutorOptions::Device::kCUDA) {
+    if (!at::hasCUDA()) {
+      throw Error(image + ": --device cuda: this libtorch has no CUDA support (a CPU-only build); swapnet must be "
+                          "built against a CUDA libtorch (scripts/gpu-check.sh shows how)");
+    }
+    if (!cuda_device().usable) throw Error(image + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
+    if (options.memory == MemoryKind::kHost) {
+      throw Error(image + ": --device cuda needs memory the GPU can read in place (managed), not host memory");
+    }
+    m.cuda = true;
+    m.device = c10::Device(c10::DeviceType::CUDA, 0);
+  }
   ExecutionPlan p = plan_for(m.info, m.sk, options, image);
   BlockReader::open(image, options.reader, &m.reader).throw_if_error();
   // Host memory: reserve address space for the whole model once (MAP_NORESERVE costs nothing
@@ -346,6 +410,23 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   m.arena = Arena::create(std::max<std::uint64_t>(host ? std::max(p.arena_bytes, m.info.data_size) : p.arena_bytes,
                                                   kImageAlign),
                           options.memory);
+  if (m.cuda) {
+    // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
+    // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
+    // memory registered with CUDA instead.
+    const std::uint64_t probe = std::min<std::uint64_t>(kImageAlign, m.info.data_size);
+    Status st = probe == 0 ? Status() : m.reader->read(m.info.layers.front().offset, probe, m.arena->base());
+    if (!st.ok() && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
+      log_once(LogLevel::kWarn, "cuda_registered",
+               image + ": the block reader refused managed memory (" + st.message() +
+                   "); blocks go to pinned host memory registered with CUDA (cudaHostRegister) instead");
+      m.opt.memory = MemoryKind::kRegistered;
+      m.arena.reset();
+      m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
+      st = m.reader->read(m.info.layers.front().offset, probe, m.arena->base());
+    }
+    if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(m.arena->kind()) + " memory for the GPU)");
+  }
   m.verified.assign(m.info.layers.size(), false);
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, options);
@@ -358,11 +439,15 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
 }
 
 void adopt(Executor::Impl& m, ExecutionPlan p) {
+  m.gpu_idle();
   m.arena->release(false);
   m.arena->release(true);
-  if (p.arena_bytes > m.arena->capacity()) {
+  // Registered memory is pinned whole: a smaller plan needs a smaller arena to give memory back.
+  const bool pinned_whole = m.arena->kind() == MemoryKind::kRegistered &&
+                            std::max<std::uint64_t>(p.arena_bytes, kImageAlign) < m.arena->capacity();
+  if (p.arena_bytes > m.arena->capacity() || pinned_whole) {
     m.arena.reset();
-    m.arena = Arena::create(p.arena_bytes, m.opt.memory);
+    m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
   }
   m.arena->set_budget(std::max<std::uint64_t>(p.arena_bytes, kImageAlign));  // shrinking drops pages
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
@@ -397,6 +482,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.pinned_views.clear();
   free_aligned(m.pinned_buf);
   m.pinned_buf = nullptr;
+  m.pinned_gpu.reset();
   pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
   if (!m.pinned.empty()) {
     std::uint64_t need = 0;
@@ -405,11 +491,18 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
       at.push_back(need);
       need += (m.info.tensors[s].nbytes + 63) / 64 * 64;
     }
-    m.pinned_buf = alloc_aligned(need);
+    char* pinned_at = nullptr;  // CPU address of the pinned slots
+    if (m.cuda) {
+      m.pinned_gpu = Arena::create(need, m.opt.memory);
+      pinned_at = static_cast<char*>(m.pinned_gpu->place(false, need));
+    } else {
+      m.pinned_buf = alloc_aligned(need);
+      pinned_at = static_cast<char*>(m.pinned_buf);
+    }
     std::uint64_t scratch_len = 0;
     for (int s : m.pinned) scratch_len = std::max(scratch_len, m.info.layers[m.info.tensors[s].layer].size);
     void* scratch = alloc_aligned(scratch_len);
-    if (m.pinned_buf == nullptr || scratch == nullptr) {
+    if (pinned_at == nullptr || scratch == nullptr) {
       free_aligned(scratch);
       throw Error(m.path + ": cannot allocate " + format_bytes(need) + " for shared weights");
     }
@@ -422,12 +515,19 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
         free_aligned(scratch);
         throw Error(s.message());
       }
-      char* dst = static_cast<char*>(m.pinned_buf) + at[i];
+      char* dst = pinned_at + at[i];
       std::memcpy(dst, static_cast<char*>(scratch) + (t.offset - L.offset), t.nbytes);
       const SlotInfo& sl = m.sk.slots()[m.pinned[i]];
-      m.pinned_views.push_back(at::from_blob(dst, sl.sizes, sl.strides, at::TensorOptions().dtype(sl.dtype)));
+      void* view = m.pinned_gpu ? m.dev(*m.pinned_gpu, dst) : dst;
+      m.pinned_views.push_back(
+          at::for_blob(view, sl.sizes)
+              .strides(sl.strides)
+              .options(at::TensorOptions().dtype(sl.dtype).device(m.device))
+              .target_device(m.device)
+              .make_tensor());
     }
     free_aligned(scratch);
+    if (m.pinned_gpu) gpu_prefetch(pinned_at, need);
     m.rebind_pinned();
   }
   log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
@@ -470,6 +570,7 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   auto cleanup = [&] {
     if (pending) m.reader->wait(pending);
     pending = 0;
+    m.gpu_idle();
     m.arena->release(false);
     m.arena->release(true);
     m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
@@ -485,6 +586,11 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
       throw;
     }
   }
+  if (m.cuda) {
+    for (auto& v : inputs) {
+      if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
+    }
+  }
   Skeleton::Run run = m.sk.begin(std::move(inputs));
   // Swapped blocks alternate between the arena's ends (Note [Two-ended arena]): the s-th swapped
   // block goes to end s % 2, so the next one is fetched while this one runs.
@@ -492,6 +598,7 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   auto submit = [&]() -> void* {
     if (next_s >= m.swapped.size()) return nullptr;
     const size_t b = static_cast<size_t>(m.swapped[next_s]);
+    m.wait_end(static_cast<int>(next_s % 2));  // GPU: the kernels of the block there are done
     void* p = m.arena->place(next_s % 2 == 1, m.plan.block_bytes[b]);
     if (p == nullptr) {
       throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
@@ -513,13 +620,21 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
       pending = 0;
       if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
       m.mark_verified(b);
+      if (m.cuda) gpu_prefetch(cur, m.plan.block_bytes[b]);
       auto t0 = std::chrono::steady_clock::now();
-      m.sk.bind_layers(first, last, cur, m.offset(b));
+      m.sk.bind_layers(first, last, m.dev(*m.arena, cur), m.offset(b), m.device);
       m.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (int k = first; k <= last; ++k) m.bound += m.sk.layers()[k].slots.size();
       m.rebind_pinned();
-      void* next = submit();
+      void* next = nullptr;
+      if (!m.cuda) next = submit();  // CPU: the next block arrives while this one computes
       m.sk.run_layers(run, last + 1);
+      if (m.cuda) {
+        // GPU: the layers were queued, not run; the next block goes where the previous one was,
+        // once the kernels reading it are done (submit waits), while this one's kernels run.
+        m.record_end(static_cast<int>(s % 2));
+        next = submit();
+      }
       m.sk.unbind_layers(first, last);  // swap-out: drop the views, release the arena end
       m.rebind_pinned();
       m.arena->release(s % 2 == 1);

@@ -783,7 +783,7 @@ Skeleton Skeleton::from_image(const ImageInfo& info, const std::string& origin) 
   return Skeleton(std::move(impl));
 }
 
-void Skeleton::bind_layers(int first, int last, void* block, std::uint64_t block_offset) {
+void Skeleton::bind_layers(int first, int last, void* block, std::uint64_t block_offset, c10::Device device) {
   Impl& m = *impl_;
   if (m.slot_offset.empty() && !m.slots.empty()) refuse_binding(m.origin, "bind_layers needs a skeleton made by from_image");
   if (first < 0 || last < first || last >= static_cast<int>(m.layers.size())) {
@@ -799,7 +799,11 @@ void Skeleton::bind_layers(int first, int last, void* block, std::uint64_t block
                                      std::to_string(block_offset));
       }
       void* p = static_cast<char*>(block) + (m.slot_offset[s] - block_offset);
-      m.bound[s] = at::from_blob(p, sl.sizes, sl.strides, at::TensorOptions().dtype(sl.dtype));
+      m.bound[s] = at::for_blob(p, sl.sizes)
+                       .strides(sl.strides)
+                       .options(at::TensorOptions().dtype(sl.dtype).device(device))
+                       .target_device(device)  // not asked of the pointer (CUDA hooks)
+                       .make_tensor();
     }
   }
 }

@@ -31,8 +31,18 @@ struct DeviceInfo {
 // Probes CUDA once per process (thread-safe) and logs the outcome once at info level.
 SWAPNET_API const DeviceInfo& cuda_device();
 
-enum class MemoryKind { kManaged, kHost };  // cudaMallocManaged, or page-aligned host memory
+// kManaged: cudaMallocManaged (both processors, one address); kHost: page-aligned anonymous
+// memory (CPU only); kRegistered: anonymous memory pinned and mapped for the GPU with
+// cudaHostRegister, for systems where O_DIRECT or io_uring refuse managed memory.
+enum class MemoryKind { kManaged, kHost, kRegistered };
 SWAPNET_API const char* to_string(MemoryKind k);
+
+// Discrete GPUs that access managed memory concurrently (H100/H200): starts migrating
+// [p, p+bytes) to device 0 on the shim's own stream, so kernels find the pages there (a hint:
+// kernels that start earlier fault the rest in). Integrated GPUs (Jetson: same DRAM,
+// concurrentManagedAccess == 0, where prefetches are refused) and machines without a usable GPU:
+// nothing. A failure is logged once and changes nothing else.
+SWAPNET_API void gpu_prefetch(const void* p, std::uint64_t bytes);
 
 // Bytes of memory this process holds through swapnet's allocator, process-wide.
 struct MemoryStats {
@@ -45,8 +55,9 @@ SWAPNET_API void reset_memory_peak();
 class SWAPNET_API Arena {
  public:
   // Reserves `capacity` bytes of address space (managed memory when a usable GPU exists and
-  // `kind` allows it, else anonymous host memory, populated on touch). Throws Error with the
-  // size and the reason when the reservation fails.
+  // `kind` allows it, else anonymous host memory, populated on touch; kRegistered: host memory
+  // pinned at once, so the whole capacity counts). Throws Error with the size and the reason
+  // when the reservation fails (kRegistered without a usable GPU included).
   static std::unique_ptr<Arena> create(std::uint64_t capacity, MemoryKind kind);
   ~Arena();
   Arena(const Arena&) = delete;
@@ -67,10 +78,14 @@ class SWAPNET_API Arena {
   void release(bool high);  // the block at that end is no longer used (swap-out: no write-back)
   std::uint64_t placed(bool high) const { return high ? high_ : low_; }
   char* base() const { return base_; }
+  // The address the GPU uses for base() (the same except for kRegistered without unified
+  // addressing).
+  char* device_base() const { return device_base_; }
 
  private:
   Arena(char* base, std::uint64_t capacity, MemoryKind kind);
   char* base_;
+  char* device_base_;
   std::uint64_t capacity_, budget_;
   std::uint64_t low_ = 0, high_ = 0;  // bytes placed at each end
   MemoryKind kind_;

@@ -113,8 +113,10 @@ class SWAPNET_API Skeleton {
   static Skeleton from_image(const ImageInfo& info, const std::string& origin);
   // Binds the slots owned by layers [first, last] to views into `block`, memory that holds the
   // image's bytes from file offset `block_offset` on (a fetched block). No copy: the memory
-  // must stay valid until unbind_layers(). Only for skeletons made by from_image.
-  void bind_layers(int first, int last, void* block, std::uint64_t block_offset);
+  // must stay valid until unbind_layers(). Only for skeletons made by from_image. The views are
+  // tensors of `device` (CUDA: `block` is the GPU's address of memory it can read in place).
+  void bind_layers(int first, int last, void* block, std::uint64_t block_offset,
+                   c10::Device device = c10::Device(c10::DeviceType::CPU));
   void unbind_layers(int first, int last);
 
   // ---- binding by reference ----
@@ -196,6 +198,12 @@ struct ExecutorOptions {
   enum class Verify { kFirst, kAlways, kNever } verify = Verify::kFirst;
   ReaderOptions reader;          // block reader settings (swapcore defaults)
   MemoryKind memory = MemoryKind::kManaged;  // falls back to host memory without a usable GPU
+  // Where the layers run. kCUDA: blocks are read into managed memory and bound as CUDA tensors
+  // in place (no copy; prefetched on discrete GPUs); CPU tensor inputs are moved to the GPU.
+  // If O_DIRECT/io_uring refuse managed memory (EFAULT/EOPNOTSUPP), blocks go to pinned host
+  // memory registered with CUDA instead (said once). Needs a CUDA libtorch and a usable GPU:
+  // Executor::open says which is missing.
+  enum class Device { kCPU, kCUDA } device = Device::kCPU;
 };
 
 struct ExecutionPlan {

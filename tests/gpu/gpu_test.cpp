@@ -1,0 +1,91 @@
+// GPU checks of swapped execution (built everywhere, registered with ctest only when
+// SWAPNET_GPU_TESTS=ON, as scripts/gpu-check.sh does on a machine with a GPU and a CUDA libtorch):
+// --device cuda runs are bit-identical to direct GPU inference of the same module (weights moved
+// with .to(kCUDA)), for swapped and resident blocks and after budget changes, and blocks live in
+// memory the GPU reads in place. Fails (never skips) where there is no GPU: it is only run where
+// one is expected.
+#include <gtest/gtest.h>
+
+#include <ATen/Context.h>
+#include <torch/script.h>
+
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
+
+#include "swapnet/assembly.h"
+#include "test_util.h"
+
+namespace swapnet {
+namespace {
+
+using test_util::model;
+
+struct Packed {
+  torch::jit::Module m;
+  std::string img;
+  ImageInfo info;
+};
+
+Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
+  Packed p;
+  Skeleton sk = Skeleton::load(model(name), &p.m);
+  torch::manual_seed(1);
+  at::Tensor x = torch::randn(shape);
+  sk.profile({x}, ProfileOptions{0, 1});
+  PackOptions po;
+  po.activation_bytes = measure_activation_bytes(sk, {x});
+  char t[] = "/tmp/swapnet-gpu-test-XXXXXX";
+  p.img = std::string(::mkdtemp(t)) + "/" + name + ".swapnet";
+  sk.pack(p.img, po);
+  read_image_info(p.img, &p.info).throw_if_error();
+  return p;
+}
+
+const at::Device kGpu(at::kCUDA, 0);
+
+class Gpu : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(at::hasCUDA()) << "this libtorch has no CUDA support";
+    ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
+  }
+};
+
+TEST_P(Gpu, SwappedRunIsBitIdenticalToDirectGpuInference) {
+  const std::vector<int64_t> shape = {1, 3, 224, 224};
+  Packed pk = packed(GetParam(), shape);
+  torch::manual_seed(2);
+  const at::Tensor x = torch::randn(shape);
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    torch::jit::Module direct = pk.m.clone();
+    direct.to(kGpu);
+    expected = direct.forward({x.to(kGpu)});
+  }
+  ExecutorOptions o;
+  o.device = ExecutorOptions::Device::kCUDA;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+  auto ex = Executor::open(pk.img, o);
+  EXPECT_NE(ex->memory(), MemoryKind::kHost);
+  EXPECT_GT(ex->plan().blocks.size(), 2u);
+  for (int i = 0; i < 3; ++i) {
+    c10::IValue out = ex->forward({x.clone()});  // a CPU input: moved to the GPU by the executor
+    ASSERT_TRUE(out.isTensor());
+    EXPECT_TRUE(out.toTensor().is_cuda());
+    Comparison c = compare_outputs(expected, out);
+    EXPECT_TRUE(c.equal) << "inference " << i << ": " << c.difference << " (max abs diff " << c.max_abs_diff << ")";
+  }
+  // Budget changes between inferences (re-plans, re-reads resident blocks), still identical.
+  for (std::uint64_t b : {pk.info.data_size / 2, min_budget(pk.info), pk.info.data_size * 2}) {
+    ex->set_budget(b);
+    Comparison c = compare_outputs(expected, ex->forward({x.to(kGpu)}));
+    EXPECT_TRUE(c.equal) << "budget " << b << ": " << c.difference;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Gpu, ::testing::Values("resnet18", "mobilenet_v2", "resnet101"));
+
+}  // namespace
+}  // namespace swapnet
