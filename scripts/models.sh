@@ -5,5 +5,6 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${SWAPNET_MODELS:-$repo/.cache/models}
-# Debian's interpreter has python3-torch; another python3 may come first on PATH.
-/usr/bin/python3 -W ignore "$repo/models/export.py" --out "$out" "$@"
+# Debian's interpreter has python3-torch; another python3 may come first on PATH (SWAPNET_PYTHON
+# overrides it: the GPU machine's python3 holds PyTorch and torchvision).
+"${SWAPNET_PYTHON:-/usr/bin/python3}" -W ignore "$repo/models/export.py" --out "$out" "$@"

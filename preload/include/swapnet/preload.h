@@ -20,6 +20,16 @@
 // A request it cannot serve (managed memory exhausted or beyond what the GPU has free) goes to
 // c10's own allocator; a free of memory it did not allocate goes to c10's free_cpu.
 //
+// Copy-free .to(kCUDA): the preload loads libswapnet_dispatch.so (from its own directory, or
+// $SWAPNET_DISPATCH_LIB) after the first allocation, if the program's libtorch is the one it was
+// built with. Its kernel for aten::_to_copy makes a CPU tensor in managed memory a CUDA tensor
+// over the same bytes (no allocation, no copy; the CPU storage lives as long as the alias).
+//   SWAPNET_DISPATCH=auto|on|off|alias-host   default auto: loaded where it can alias (managed
+//                                    memory); on: whenever swapnet serves; off: never;
+//                                    alias-host: a test hook that aliases host memory too.
+//   With SWAPNET_ALLOC_STATS=1, a second line when it is loaded:
+//     swapnet-dispatch: calls=<n> to_cuda=<n> aliased=<n> copied=<n>
+//
 // The functions below let a program (or a test) ask the preloaded library, without linking it:
 // look them up with dlsym(RTLD_DEFAULT, "swapnet_preload_owns") — absent when not preloaded.
 #pragma once
