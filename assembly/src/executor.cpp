@@ -14,12 +14,16 @@
 // With ExecutorOptions::Device::kCUDA the arena is managed memory: the reader DMAs a block
 // into it, and the same bytes are bound as CUDA tensors (no copy). On discrete GPUs
 // (concurrentManagedAccess) the block is prefetched to the GPU once read; on integrated GPUs
-// (Jetson) there is nothing to move. Kernels run asynchronously, so an arena end may only be
+// (Jetson: no concurrent managed access, so the host may not touch managed memory while any
+// kernel runs, and the reader writes and checksums block i+1 while block i computes) the arena
+// is pinned host memory registered with CUDA instead: the same DRAM, readable in place, and
+// without that rule. Kernels run asynchronously, so an arena end may only be
 // refilled once the kernels reading its previous block are done: after a block's layers are
 // queued, an event is recorded for its end, and the read into that end waits for it. The order
 // per block is therefore: wait for its read, bind, queue its kernels, then submit the next read
 // (which waits for the block before, two back) — the read of block i+1 still overlaps the
-// kernels of block i. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
+// kernels of block i. The first block of an inference waits for both ends: the previous
+// inference's last block may still be computing at the other one. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
 // with a one-page read at open), the arena is host memory pinned with cudaHostRegister instead.
 // Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
 // bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
@@ -366,7 +370,7 @@ struct Executor::Impl {
       Status s = reader->read(offset(b), plan.block_bytes[b], kept->base() + kept_at[b], checks_for(b));
       if (!s.ok()) throw Error(s.message() + " (resident block " + std::to_string(b) + ")");
       mark_verified(b);
-      if (cuda) gpu_prefetch(kept->base() + kept_at[b], plan.block_bytes[b]);
+      if (cuda && kept->kind() == MemoryKind::kManaged) gpu_prefetch(kept->base() + kept_at[b], plan.block_bytes[b]);
     }
     bind_resident();
     rebind_pinned();
@@ -401,6 +405,15 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     }
     m.cuda = true;
     m.device = c10::Device(c10::DeviceType::CUDA, 0);
+    if (!cuda_device().concurrent_managed_access && m.opt.memory == MemoryKind::kManaged) {
+      // Integrated GPUs (Jetson): the host may not touch managed memory while any kernel runs,
+      // and the reader DMAs and checksums block i+1 while block i computes. Pinned host memory
+      // mapped for the GPU is the same DRAM there and has no such rule.
+      log_once(LogLevel::kInfo, "cuda_integrated",
+               "GPU without concurrent managed access (" + cuda_device().name +
+                   "): blocks go to pinned host memory registered with CUDA, so reads can overlap kernels");
+      m.opt.memory = MemoryKind::kRegistered;
+    }
   }
   ExecutionPlan p = plan_for(m.info, m.sk, options, image);
   BlockReader::open(image, options.reader, &m.reader).throw_if_error();
@@ -409,14 +422,14 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   const bool host = options.memory == MemoryKind::kHost || !cuda_device().usable;
   m.arena = Arena::create(std::max<std::uint64_t>(host ? std::max(p.arena_bytes, m.info.data_size) : p.arena_bytes,
                                                   kImageAlign),
-                          options.memory);
+                          m.opt.memory);
   if (m.cuda) {
     // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
     // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
     // memory registered with CUDA instead.
     const std::uint64_t probe = std::min<std::uint64_t>(kImageAlign, m.info.data_size);
     Status st = probe == 0 ? Status() : m.reader->read(m.info.layers.front().offset, probe, m.arena->base());
-    if (!st.ok() && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
+    if (!st.ok() && m.arena->kind() == MemoryKind::kManaged && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
       log_once(LogLevel::kWarn, "cuda_registered",
                image + ": the block reader refused managed memory (" + st.message() +
                    "); blocks go to pinned host memory registered with CUDA (cudaHostRegister) instead");
@@ -443,8 +456,8 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.arena->release(false);
   m.arena->release(true);
   // Registered memory is pinned whole: a smaller plan needs a smaller arena to give memory back.
-  const bool pinned_whole = m.arena->kind() == MemoryKind::kRegistered &&
-                            std::max<std::uint64_t>(p.arena_bytes, kImageAlign) < m.arena->capacity();
+  const std::uint64_t want = (std::max<std::uint64_t>(p.arena_bytes, kImageAlign) + 4095) / 4096 * 4096;
+  const bool pinned_whole = m.arena->kind() == MemoryKind::kRegistered && want < m.arena->capacity();
   if (p.arena_bytes > m.arena->capacity() || pinned_whole) {
     m.arena.reset();
     m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
@@ -527,7 +540,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
               .make_tensor());
     }
     free_aligned(scratch);
-    if (m.pinned_gpu) gpu_prefetch(pinned_at, need);
+    if (m.pinned_gpu && m.pinned_gpu->kind() == MemoryKind::kManaged) gpu_prefetch(pinned_at, need);
     m.rebind_pinned();
   }
   log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
@@ -570,7 +583,11 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   auto cleanup = [&] {
     if (pending) m.reader->wait(pending);
     pending = 0;
-    m.gpu_idle();
+    try {
+      m.gpu_idle();
+    } catch (const std::exception& e) {  // keep the first error; the GPU's is logged
+      log(LogLevel::kError, m.path + ": waiting for the GPU after an error failed: " + e.what());
+    }
     m.arena->release(false);
     m.arena->release(true);
     m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
@@ -598,7 +615,10 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   auto submit = [&]() -> void* {
     if (next_s >= m.swapped.size()) return nullptr;
     const size_t b = static_cast<size_t>(m.swapped[next_s]);
-    m.wait_end(static_cast<int>(next_s % 2));  // GPU: the kernels of the block there are done
+    // GPU: the kernels of the block there are done. The first block of an inference may also
+    // overlap the previous inference's last block at the other end: wait for both then.
+    m.wait_end(static_cast<int>(next_s % 2));
+    if (next_s == 0) m.wait_end(1);
     void* p = m.arena->place(next_s % 2 == 1, m.plan.block_bytes[b]);
     if (p == nullptr) {
       throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
@@ -620,7 +640,7 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
       pending = 0;
       if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
       m.mark_verified(b);
-      if (m.cuda) gpu_prefetch(cur, m.plan.block_bytes[b]);
+      if (m.cuda && m.arena->kind() == MemoryKind::kManaged) gpu_prefetch(cur, m.plan.block_bytes[b]);
       auto t0 = std::chrono::steady_clock::now();
       m.sk.bind_layers(first, last, m.dev(*m.arena, cur), m.offset(b), m.device);
       m.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -14,7 +14,9 @@
 //    swapnet_preload_prefetch: nothing on integrated GPUs, where there is nothing to move).
 //  - anything else: at::native::_to_copy, exactly what PyTorch would have run.
 // Like Tensor::to on the same device, the result aliases its source: a write through one is
-// seen through the other. On integrated GPUs (concurrentManagedAccess == 0) the host must not
+// seen through the other. That holds for .to(kCUDA, /*non_blocking=*/false, /*copy=*/true) as
+// well: the copy flag is decided above _to_copy and cannot be seen here; SWAPNET_DISPATCH=off
+// restores copies for a program that needs them. On integrated GPUs (concurrentManagedAccess == 0) the host must not
 // touch that memory while kernels run; PyTorch's synchronising calls (.cpu(), .item()) are safe.
 //
 // SWAPNET_DISPATCH=alias-host (a test hook): host memory served by the preload counts as

@@ -15,11 +15,14 @@
 // - Copy-free .to(cuda) lives in libswapnet_dispatch.so (dispatch.cpp), which links libtorch
 //   and registers a kernel with the dispatcher. This library dlopens it after the backend is
 //   decided (outside the call_once, so the dispatch library's initialisers may allocate), and
-//   only when the libtorch it was linked with is the one already loaded: a program built
-//   against another libtorch keeps the normal path (said once) instead of loading a second one.
+//   only when the libtorch_cpu file it was linked with is the one already loaded: a program
+//   built against another libtorch keeps the normal path (said once) instead of loading a
+//   second one.
 #include "swapnet/preload.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,11 +76,12 @@ struct Cuda {
   void load() {
     void* h = nullptr;
     const char* names[] = {getenv("SWAPNET_CUDART"), "libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    for (const char* n : names) {  // a runtime already loaded (libtorch's) first, of any version
+      if (n != nullptr && *n != 0 && (h = dlopen(n, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) != nullptr) break;
+    }
     for (const char* n : names) {
-      if (n == nullptr || *n == 0) continue;
-      h = dlopen(n, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-      if (h == nullptr) h = dlopen(n, RTLD_NOW | RTLD_LOCAL);
       if (h != nullptr) break;
+      if (n != nullptr && *n != 0) h = dlopen(n, RTLD_NOW | RTLD_LOCAL);
     }
     if (h == nullptr) {
       why_not = "the CUDA runtime (libcudart) was not found";
@@ -191,9 +195,19 @@ void load_dispatch(State& s) {
     path = self.substr(0, self.find_last_of('/') + 1) + "libswapnet_dispatch.so";
   }
 #ifdef SWAPNET_TORCH_CPU_SONAME
-  if (dlopen(SWAPNET_TORCH_CPU_SONAME, RTLD_LAZY | RTLD_NOLOAD) == nullptr) {
-    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: this program's libtorch is not %s, "
-                         "the one %s was built with\n", SWAPNET_TORCH_CPU_SONAME, path.c_str());
+  // The same soname is not enough (pip's is unversioned): the loaded libtorch_cpu must be the
+  // very file the dispatch library was linked with.
+  void* torch = dlopen(SWAPNET_TORCH_CPU_SONAME, RTLD_LAZY | RTLD_NOLOAD);
+  std::string loaded = "(none)";
+  if (torch != nullptr) {
+    struct link_map* lm = nullptr;
+    char real[PATH_MAX];
+    if (dlinfo(torch, RTLD_DI_LINKMAP, &lm) == 0 && lm != nullptr && realpath(lm->l_name, real) != nullptr) loaded = real;
+    dlclose(torch);
+  }
+  if (loaded != SWAPNET_TORCH_CPU_PATH) {
+    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: this program's libtorch_cpu is %s, not %s, "
+                         "the one %s was built with\n", loaded.c_str(), SWAPNET_TORCH_CPU_PATH, path.c_str());
     return;
   }
 #endif
