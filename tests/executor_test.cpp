@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "swapnet/assembly.h"
+#include "packed.h"
 #include "test_util.h"
 
 namespace swapnet {
@@ -20,37 +21,10 @@ namespace {
 
 using test_util::error_of;
 using test_util::model;
+using test_util::pack;
+using test_util::Packed;
+using test_util::packed;
 
-// Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
-std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
-  Skeleton sk = Skeleton::load(model(name), m);
-  torch::manual_seed(1);
-  at::Tensor x = torch::randn(shape);
-  sk.profile({x}, ProfileOptions{0, 1});
-  PackOptions po;
-  po.activation_bytes = measure_activation_bytes(sk, {x});
-  static std::string dir = [] {
-    char t[] = "/tmp/swapnet-executor-test-XXXXXX";
-    return std::string(::mkdtemp(t));
-  }();
-  std::string path = dir + "/" + name + ".swapnet";
-  sk.pack(path, po);
-  return path;
-}
-
-// A packed model: the module (for reference outputs), its image and the image's tables.
-struct Packed {
-  torch::jit::Module m;
-  std::string img;
-  ImageInfo info;
-};
-Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
-  Packed p;
-  p.img = pack(name, shape, &p.m);
-  Status s = read_image_info(p.img, &p.info);
-  if (!s.ok()) throw Error(s.message());
-  return p;
-}
 
 c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
   c10::InferenceMode guard;

@@ -14,33 +14,13 @@
 #include <unistd.h>
 
 #include "swapnet/assembly.h"
-#include "test_util.h"
+#include "packed.h"
 
 namespace swapnet {
 namespace {
 
-using test_util::model;
-
-struct Packed {
-  torch::jit::Module m;
-  std::string img;
-  ImageInfo info;
-};
-
-Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
-  Packed p;
-  Skeleton sk = Skeleton::load(model(name), &p.m);
-  torch::manual_seed(1);
-  at::Tensor x = torch::randn(shape);
-  sk.profile({x}, ProfileOptions{0, 1});
-  PackOptions po;
-  po.activation_bytes = measure_activation_bytes(sk, {x});
-  char t[] = "/tmp/swapnet-gpu-test-XXXXXX";
-  p.img = std::string(::mkdtemp(t)) + "/" + name + ".swapnet";
-  sk.pack(p.img, po);
-  read_image_info(p.img, &p.info).throw_if_error();
-  return p;
-}
+using test_util::Packed;
+using test_util::packed;
 
 const at::Device kGpu(at::kCUDA, 0);
 

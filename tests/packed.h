@@ -1,0 +1,49 @@
+// A model packed into a temporary swap image, as `swapnet pack` does (activation peak measured),
+// for the executor tests (tests/executor_test.cpp, tests/gpu/gpu_test.cpp).
+#pragma once
+
+#include <torch/script.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "swapnet/assembly.h"
+#include "test_util.h"
+
+namespace swapnet {
+namespace test_util {
+
+// Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
+inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
+  Skeleton sk = Skeleton::load(model(name), m);
+  torch::manual_seed(1);
+  at::Tensor x = torch::randn(shape);
+  sk.profile({x}, ProfileOptions{0, 1});
+  PackOptions po;
+  po.activation_bytes = measure_activation_bytes(sk, {x});
+  static std::string dir = [] {
+    char t[] = "/tmp/swapnet-test-XXXXXX";
+    return std::string(::mkdtemp(t));
+  }();
+  std::string path = dir + "/" + name + ".swapnet";
+  sk.pack(path, po);
+  return path;
+}
+
+// A packed model: the module (for reference outputs), its image and the image's tables.
+struct Packed {
+  torch::jit::Module m;
+  std::string img;
+  ImageInfo info;
+};
+inline Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
+  Packed p;
+  p.img = pack(name, shape, &p.m);
+  Status s = read_image_info(p.img, &p.info);
+  if (!s.ok()) throw Error(s.message());
+  return p;
+}
+
+}  // namespace test_util
+}  // namespace swapnet
