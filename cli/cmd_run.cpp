@@ -175,8 +175,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (cuda) {
     eo.device = ExecutorOptions::Device::kCUDA;
     if (o.mode == "naive") throw Error("--mode naive runs on the CPU only (it is the paper's CPU baseline)");
-    if (!at::hasCUDA()) throw Error(path + ": --device cuda: this libtorch has no CUDA support (a CPU-only build)");
-    if (!cuda_device().usable) throw Error(path + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
+    require_cuda(path);  // before the inputs move, so the message is ours and not PyTorch's
     for (auto& v : inputs) {
       if (v.isTensor()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
     }

@@ -283,6 +283,14 @@ ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& optio
 
 // ---- the executor -------------------------------------------------------------------------
 
+void require_cuda(const std::string& origin) {
+  if (!at::hasCUDA()) {
+    throw Error(origin + ": --device cuda: this libtorch has no CUDA support (a CPU-only build); swapnet must be "
+                         "built against a CUDA libtorch (scripts/gpu-check.sh shows how)");
+  }
+  if (!cuda_device().usable) throw Error(origin + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
+}
+
 struct Executor::Impl {
   std::string path;
   ImageInfo info;
@@ -395,11 +403,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   Impl& m = *impl;
   m.opt = options;
   if (options.device == ExecutorOptions::Device::kCUDA) {
-    if (!at::hasCUDA()) {
-      throw Error(image + ": --device cuda: this libtorch has no CUDA support (a CPU-only build); swapnet must be "
-                          "built against a CUDA libtorch (scripts/gpu-check.sh shows how)");
-    }
-    if (!cuda_device().usable) throw Error(image + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
+    require_cuda(image);
     if (options.memory == MemoryKind::kHost) {
       throw Error(image + ": --device cuda needs memory the GPU can read in place (managed), not host memory");
     }

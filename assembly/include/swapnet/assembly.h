@@ -206,6 +206,10 @@ struct ExecutorOptions {
   enum class Device { kCPU, kCUDA } device = Device::kCPU;
 };
 
+// Throws Error("ORIGIN: --device cuda: ...") naming what is missing for ExecutorOptions::Device::
+// kCUDA: a CUDA libtorch, or a usable GPU (with the probe's reason). Executor::open calls it.
+SWAPNET_API void require_cuda(const std::string& origin);
+
 struct ExecutionPlan {
   std::vector<std::pair<int, int>> blocks;  // [first, last] layers of each block
   std::vector<std::uint64_t> block_bytes;   // aligned bytes of each block
