@@ -86,6 +86,22 @@ DeviceProfile device_profile(const std::string& image, const Common& c, const st
 // registered buffers), in MB/s: the baseline every I/O figure is compared with.
 double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end);
 
+// swapnet serve / ctl (cmd_serve.cpp).
+struct ServeOptions {
+  double duration_s = 0;      // --duration: overrides the scenario's
+  std::string policy;         // --policy: overrides the scenario's
+  std::string budget;         // --budget: overrides the scenario's total (size or N%)
+  std::string socket;         // --socket PATH for `swapnet ctl` (default default_control_path(); "none")
+  std::string budget_source;  // --budget-source file:PATH | meminfo:RESERVE | cgroup:PATH
+  int poll_ms = 50;           // --poll-ms for the budget source
+  std::string timeline;       // --timeline FILE.csv: every request's time, latency, total budget
+  std::string models_dir;     // --models DIR for relative image paths
+  std::string profile;        // --profile FILE
+  bool check = true;          // compare every output with direct inference (--no-check: off)
+};
+int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
+int ctl(const std::vector<std::string>& words, const std::string& socket);
+
 struct BenchIoOptions {
   int runs = 5;          // interleaved raw/fetch rounds after the sweep; medians reported
   int blocks = 8;        // the image's layers grouped into this many equal-byte blocks

@@ -7,6 +7,8 @@
 //   swapnet check   IMAGE.swapnet                                       verify every checksum
 //   swapnet bench io IMAGE.swapnet [--json]                             disk rate vs block fetch rate
 //   swapnet info [--json]                                               build and device facts
+//   swapnet serve SCENARIO.json [--duration S] [--json]                 several models, one budget
+//   swapnet ctl budget SIZE | status                                    talk to a running serve
 //
 // Output: human text by default, one JSON object on stdout with --json. Errors: one line
 // "swapnet: error: ..." on stderr; exit 2 for errors, 1 for a negative verdict.
@@ -112,6 +114,28 @@ int main(int argc, char** argv) {
   bench_io->add_option("--request-size", bio.request_bytes, "block reader request bytes (default: swapcore's)");
   add_common(bench_io, common, false, false);
 
+  swapnet::cli::ServeOptions so;
+  std::string scenario;
+  auto* serve = app.add_subcommand("serve", "serve several models concurrently within one total budget (a scenario file)");
+  serve->add_option("scenario", scenario, "scenario file (.json; scheduler/scenarios/ has the paper's)")->required();
+  serve->add_option("--duration", so.duration_s, "seconds to serve (overrides the scenario's duration_s)");
+  serve->add_option("--policy", so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
+  serve->add_option("--budget", so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
+  serve->add_option("--socket", so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
+  serve->add_option("--budget-source", so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");
+  serve->add_option("--poll-ms", so.poll_ms, "budget source polling period (default 50)");
+  serve->add_option("--timeline", so.timeline, "write every request (time, model, latency, total budget) as CSV");
+  serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
+  serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
+  add_common(serve, common, false, false);
+
+  std::vector<std::string> ctl_words;
+  std::string ctl_socket;
+  auto* ctl = app.add_subcommand("ctl", "send a command to a running swapnet serve: budget SIZE | status");
+  ctl->add_option("command", ctl_words, "budget SIZE | status")->required();
+  ctl->add_option("--socket", ctl_socket, "the serve's control socket (default as serve's)");
+
   auto* info = app.add_subcommand("info", "build and device facts (CUDA, threads)");
   add_common(info, common, false, false);
 
@@ -130,6 +154,8 @@ int main(int argc, char** argv) {
     if (*prof) return swapnet::cli::profile(images, common, profile_out, samples);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);
+    if (*serve) return swapnet::cli::serve(scenario, common, so);
+    if (*ctl) return swapnet::cli::ctl(ctl_words, ctl_socket);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swapnet: error: %s\n", e.what());
     return 2;

@@ -54,16 +54,37 @@ namespace {
 std::atomic<std::uint64_t> g_cpu_current{0};
 std::atomic<std::uint64_t> g_cpu_peak{0};
 
-// Each allocation carries its size in a 64-byte header (which keeps the 64-byte alignment
-// libtorch expects), so the raw deleter (used by oneDNN through raw_allocate) can count frees.
+// Accounts (new_cpu_account): per-account counters, never freed, so a tensor that outlives
+// whoever charged it still finds its account when it is freed. Account 0 is "none".
+struct Account {
+  std::atomic<std::uint64_t> current{0};
+  std::atomic<std::uint64_t> peak{0};
+};
+constexpr int kMaxAccounts = 256;
+Account g_accounts[kMaxAccounts];
+std::atomic<int> g_next_account{1};
+thread_local int t_account = 0;
+
+void raise_peak(std::atomic<std::uint64_t>& peak, std::uint64_t now) {
+  std::uint64_t p = peak.load();
+  while (now > p && !peak.compare_exchange_weak(p, now)) {
+  }
+}
+
+// Each allocation carries its size and account in a 64-byte header (which keeps the 64-byte
+// alignment libtorch expects), so the raw deleter (used by oneDNN through raw_allocate) can
+// count frees, on whichever thread they happen.
 constexpr std::size_t kHeader = 64;  // bytes
 
 void meter_free(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
   std::size_t bytes = 0;
+  std::int32_t account = 0;
   std::memcpy(&bytes, base, sizeof bytes);
+  std::memcpy(&account, base + sizeof bytes, sizeof account);
   g_cpu_current.fetch_sub(bytes);
+  if (account > 0) g_accounts[account].current.fetch_sub(bytes);
   c10::free_cpu(base);
 }
 
@@ -72,11 +93,11 @@ class MeterAllocator final : public c10::Allocator {
   c10::DataPtr allocate(std::size_t n) const override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &meter_free, c10::Device(c10::DeviceType::CPU));
     char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    const std::int32_t account = t_account;
     std::memcpy(base, &n, sizeof n);
-    std::uint64_t now = g_cpu_current.fetch_add(n) + n;
-    std::uint64_t peak = g_cpu_peak.load();
-    while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
-    }
+    std::memcpy(base + sizeof n, &account, sizeof account);
+    raise_peak(g_cpu_peak, g_cpu_current.fetch_add(n) + n);
+    if (account > 0) raise_peak(g_accounts[account].peak, g_accounts[account].current.fetch_add(n) + n);
     void* data = base + kHeader;
     return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
   }
@@ -95,6 +116,28 @@ void install_cpu_meter() {
 
 CpuMeterStats cpu_meter() { return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load()}; }
 void reset_cpu_meter_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+
+int new_cpu_account() {
+  int a = g_next_account.fetch_add(1);
+  if (a >= kMaxAccounts) {
+    g_next_account.store(kMaxAccounts);
+    return 0;
+  }
+  return a;
+}
+int set_thread_cpu_account(int account) {
+  const int before = t_account;
+  t_account = account > 0 && account < kMaxAccounts ? account : 0;
+  return before;
+}
+CpuMeterStats cpu_account(int account) {
+  if (account <= 0 || account >= kMaxAccounts) return {};
+  return CpuMeterStats{g_accounts[account].current.load(), g_accounts[account].peak.load()};
+}
+void reset_cpu_account_peak(int account) {
+  if (account <= 0 || account >= kMaxAccounts) return;
+  g_accounts[account].peak.store(g_accounts[account].current.load());
+}
 
 std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs) {
   install_cpu_meter();
@@ -311,6 +354,10 @@ struct Executor::Impl {
   double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
   std::uint64_t bound = 0;      // tensors bound by it
   bool resident_loaded = false;
+  bool released = false;        // Executor::release(): nothing held until the next set_budget
+  std::uint64_t kept_bytes = 0;   // resident blocks' arena
+  std::uint64_t pinned_need = 0;  // pinned slots' buffer
+  std::uint64_t weight_peak = 0;  // Executor::weight_memory().peak
   // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
   bool cuda = false;
   c10::Device device{c10::DeviceType::CPU};
@@ -349,6 +396,11 @@ struct Executor::Impl {
     }
     return c;
   }
+  // Weights in use now: the arena ends placed, resident blocks, pinned slots.
+  void note_in_use() {
+    if (!arena) return;
+    weight_peak = std::max(weight_peak, arena->placed(false) + arena->placed(true) + kept_bytes + pinned_need);
+  }
   void mark_verified(size_t b) {
     for (int k = plan.blocks[b].first; k <= plan.blocks[b].second; ++k) verified[k] = true;
   }
@@ -383,6 +435,7 @@ struct Executor::Impl {
     bind_resident();
     rebind_pinned();
     resident_loaded = true;
+    note_in_use();
   }
 
   std::uint64_t offset(size_t b) const { return info.layers[plan.blocks[b].first].offset; }
@@ -457,16 +510,19 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
 
 void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.gpu_idle();
-  m.arena->release(false);
-  m.arena->release(true);
+  if (m.arena) {
+    m.arena->release(false);
+    m.arena->release(true);
+  }
+  m.released = false;
   // Registered memory is pinned whole: a smaller plan needs a smaller arena to give memory back.
   const std::uint64_t want = (std::max<std::uint64_t>(p.arena_bytes, kImageAlign) + 4095) / 4096 * 4096;
-  const bool pinned_whole = m.arena->kind() == MemoryKind::kRegistered && want < m.arena->capacity();
-  if (p.arena_bytes > m.arena->capacity() || pinned_whole) {
+  const bool pinned_whole = m.arena && m.arena->kind() == MemoryKind::kRegistered && want < m.arena->capacity();
+  if (!m.arena || p.arena_bytes > m.arena->capacity() || pinned_whole) {
     m.arena.reset();
     m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
   }
-  m.arena->set_budget(std::max<std::uint64_t>(p.arena_bytes, kImageAlign));  // shrinking drops pages
+  m.arena->set_budget(p.arena_bytes);  // shrinking drops pages (all of them: nothing swapped)
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   m.resident_loaded = false;
   // Resident blocks: their own arena, laid out one after another; re-read when the plan changes.
@@ -483,6 +539,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
       m.swapped.push_back(static_cast<int>(b));
     }
   }
+  m.kept_bytes = kept_bytes;
   if (kept_bytes > 0) {
     m.kept = Arena::create(kept_bytes, m.opt.memory);
     if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
@@ -490,7 +547,8 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   // io_uring fixed buffers pin the pages they cover when registered: register exactly the
   // budget (not the reservation, which would pin the whole model), and again after every
   // change, since pages dropped by a shrink would otherwise stay pinned and stale.
-  std::vector<std::pair<void*, std::size_t>> bufs = {{m.arena->base(), m.arena->budget()}};
+  std::vector<std::pair<void*, std::size_t>> bufs;
+  if (m.arena->budget() > 0) bufs.emplace_back(m.arena->base(), m.arena->budget());
   if (m.kept) bufs.emplace_back(m.kept->base(), kept_bytes);
   m.reader->register_buffers(bufs);
   m.plan = std::move(p);
@@ -500,6 +558,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   free_aligned(m.pinned_buf);
   m.pinned_buf = nullptr;
   m.pinned_gpu.reset();
+  m.pinned_need = 0;
   pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
   if (!m.pinned.empty()) {
     std::uint64_t need = 0;
@@ -508,6 +567,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
       at.push_back(need);
       need += (m.info.tensors[s].nbytes + 63) / 64 * 64;
     }
+    m.pinned_need = need;
     char* pinned_at = nullptr;  // CPU address of the pinned slots
     if (m.cuda) {
       m.pinned_gpu = Arena::create(need, m.opt.memory);
@@ -580,6 +640,7 @@ void Executor::set_budget(std::uint64_t bytes) {
 
 c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   Impl& m = *impl_;
+  if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   const size_t n = m.plan.blocks.size();
   BlockReader::Ticket pending = 0;
   // On any error: wait for the read in flight (it writes into the arena), release the swapped
@@ -628,6 +689,7 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
       throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
     }
     pending = m.reader->submit(m.offset(b), m.plan.block_bytes[b], p, m.checks_for(b));
+    m.note_in_use();
     ++next_s;
     return p;
   };
@@ -680,6 +742,68 @@ double Executor::bind_us_per_tensor() const {
   return impl_->bound ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound) : 0.0;
 }
 IoBackend Executor::backend() const { return impl_->reader->backend(); }
-MemoryKind Executor::memory() const { return impl_->arena->kind(); }
+MemoryKind Executor::memory() const { return impl_->arena ? impl_->arena->kind() : impl_->opt.memory; }
+
+WeightMemory Executor::weight_memory() const {
+  const Impl& m = *impl_;
+  if (m.released || !m.arena) return WeightMemory{0, m.weight_peak};
+  return WeightMemory{m.arena->budget() + m.kept_bytes + m.pinned_need, m.weight_peak};
+}
+void Executor::reset_weight_peak() {
+  Impl& m = *impl_;
+  m.weight_peak = 0;
+  m.note_in_use();
+}
+bool Executor::released() const { return impl_->released; }
+
+void Executor::release() {
+  Impl& m = *impl_;
+  if (m.released) return;
+  m.gpu_idle();
+  m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+  m.reader->register_buffers({});  // unpin before freeing
+  m.arena.reset();
+  m.kept.reset();
+  m.kept_bytes = 0;
+  m.pinned.clear();
+  m.pinned_views.clear();
+  free_aligned(m.pinned_buf);
+  m.pinned_buf = nullptr;
+  m.pinned_gpu.reset();
+  m.pinned_need = 0;
+  m.resident_loaded = false;
+  m.released = true;
+  log(LogLevel::kInfo, m.path + ": released every byte held for weights");
+}
+
+std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
+  const Impl& m = *impl_;
+  std::unique_ptr<PartitionTable> local;
+  const PartitionTable* table = m.grid.get();
+  std::uint64_t reserve = m.grid_reserve;
+  if (table == nullptr) {
+    reserve = planning_reserve(m.info, m.sk, m.opt);
+    PartitionOptions po;
+    po.residency = m.opt.residency;
+    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost,
+                                             std::max<std::uint64_t>(1u << 20, m.info.data_size / 64), po);
+    table = local.get();
+  }
+  std::vector<std::pair<std::uint64_t, double>> curve;
+  const std::uint64_t minimum = min_budget_for(m.info, m.sk);
+  ExecutorOptions o = m.opt;
+  o.budget = minimum;
+  o.partition.clear();
+  o.blocks = 0;
+  o.resident.clear();
+  curve.emplace_back(minimum, plan_for(m.info, m.sk, o, m.path).predicted_ms);
+  for (std::size_t i = 0; i < table->size(); ++i) {
+    const Partition& p = table->at(i);
+    const std::uint64_t budget = table->grid()[i] + reserve;
+    if (!p.feasible || budget <= curve.back().first) continue;
+    curve.emplace_back(budget, std::min(p.predicted_ms, curve.back().second));
+  }
+  return curve;
+}
 
 }  // namespace swapnet

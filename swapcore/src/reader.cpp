@@ -600,13 +600,14 @@ Status BlockReader::read(std::uint64_t offset, std::size_t length, void* buffer,
 
 void BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers) {
   Impl& m = *impl_;
-  if (m.backend != IoBackend::kIoUring || !m.opt.register_buffers || buffers.empty()) return;
+  if (m.backend != IoBackend::kIoUring || !m.opt.register_buffers) return;
   std::lock_guard<std::mutex> lock(m.mu);
   if (!m.pending.empty()) return;  // only between reads
   if (!m.fixed.empty()) {
     io_uring_unregister_buffers(&m.ring);
     m.fixed.clear();
   }
+  if (buffers.empty()) return;  // unregistered: the pages are no longer pinned
   std::vector<iovec> iov;
   for (const auto& b : buffers) iov.push_back(iovec{b.first, b.second});
   int rc = io_uring_register_buffers(&m.ring, iov.data(), static_cast<unsigned>(iov.size()));

@@ -167,6 +167,14 @@ struct CpuMeterStats {
 SWAPNET_API void install_cpu_meter();
 SWAPNET_API CpuMeterStats cpu_meter();
 SWAPNET_API void reset_cpu_meter_peak();
+// Accounts split the meter by who allocates, e.g. one per model served concurrently: an
+// allocation is charged to the account of the thread making it (set_thread_cpu_account), and
+// its free is credited there, on any thread. new_cpu_account() returns 0 (none: counted only in
+// the process total) once 255 accounts exist. Accounts are never freed.
+SWAPNET_API int new_cpu_account();
+SWAPNET_API int set_thread_cpu_account(int account);  // returns the thread's previous account
+SWAPNET_API CpuMeterStats cpu_account(int account);
+SWAPNET_API void reset_cpu_account_peak(int account);
 // Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included), as
 // `swapnet run` accounts activations; installs the meter. What PackOptions::activation_bytes
 // records.
@@ -238,6 +246,13 @@ SWAPNET_API std::uint64_t min_budget(const ImageInfo& info);
 // when a given partition does not fit).
 SWAPNET_API ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options);
 
+// Memory an executor holds for weights (activations are counted by the CPU meter's accounts).
+struct WeightMemory {
+  std::uint64_t held = 0;  // now: the arena's budget + resident blocks + pinned slots (0 when released)
+  std::uint64_t peak = 0;  // most bytes of weights in use at once (arena ends placed + resident +
+                           // pinned) since open or reset_weight_peak()
+};
+
 // Runs an image within a memory budget: block i+1 is fetched (O_DIRECT, into the arena's other
 // end) while block i executes; block i is released right after it executes. Outputs are
 // bit-identical to forward. One inference at a time.
@@ -254,6 +269,16 @@ class SWAPNET_API Executor {
   // the model's size needs no new arena. Throws (and keeps the old plan) if infeasible.
   void set_budget(std::uint64_t bytes);
   const ExecutionPlan& plan() const;
+  // Predicted latency by budget, (budget bytes, ms) with budgets increasing and ms not: the
+  // minimum budget first, then the PartitionTable's grid (ExecutorOptions::grid_step, else a
+  // table of 64 steps built now); the last point keeps every block resident.
+  std::vector<std::pair<std::uint64_t, double>> latency_curve() const;
+  // Gives back every byte held for weights (a paused model): arena, resident blocks, pinned
+  // slots. forward() then throws until set_budget() plans and allocates again.
+  void release();
+  bool released() const;
+  WeightMemory weight_memory() const;
+  void reset_weight_peak();
   const ImageInfo& info() const;
   const Skeleton& skeleton() const;
   std::uint64_t bytes_read() const;      // by the block reader, since open

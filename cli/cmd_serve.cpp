@@ -1,0 +1,433 @@
+// swapnet serve SCENARIO.json: several models served concurrently within one total budget (the
+// scheduler's Runtime), with a closed-loop or paced client per model, an optional budget
+// schedule, a control socket (`swapnet ctl`) and an optional watched budget source.
+//
+// Scenario file (docs/scheduler.md):
+//   {"name": "uav", "total_budget": "80%", "policy": "paper", "duration_s": 20,
+//    "models": [{"name": "yolov3", "image": "yolov3.swapnet", "urgency": 1, "device": "cpu",
+//                "threads": 1, "cpus": [0], "rate_hz": 0, "input_shape": ["1,3,416,416"]}, ...],
+//    "schedule": [{"at_s": 10, "budget": "60%"}]}
+// A budget is a size ("843MiB", bytes) or a percentage of the models' total size (weights +
+// activations, as their images record). Relative image paths are looked up next to the
+// scenario file, then in --models (default $SWAPNET_MODELS, else .cache/models).
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/script.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "commands.h"
+#include "inputs.h"
+#include "swapnet/scheduler.h"
+
+namespace swapnet {
+namespace cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct ScenarioModel {
+  RuntimeModel rt;
+  std::vector<std::string> shapes;
+  double rate_hz = 0;  // 0: closed loop
+  std::string device = "cpu";
+};
+
+struct Scenario {
+  std::string name;
+  std::string total;   // size or percentage
+  std::string policy = "paper";
+  double duration_s = 10;
+  std::vector<ScenarioModel> models;
+  std::vector<std::pair<double, std::string>> schedule;  // (at_s, budget)
+};
+
+bool exists(const std::string& p) {
+  struct stat sb;
+  return ::stat(p.c_str(), &sb) == 0;
+}
+
+// Reads and checks a scenario file; errors name the file and the field.
+Scenario load_scenario(const std::string& path, const std::string& models_dir) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open the scenario file");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  auto field = [&](const std::string& where) { return path + ": field '" + where + "'"; };
+  if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
+  static const std::set<std::string> known = {"name", "total_budget", "policy", "duration_s", "models", "schedule",
+                                              "description"};
+  for (const auto& [k, v] : j.items()) {
+    if (!known.count(k)) throw Error(field(k) + " is not a scenario field (" + "name, description, total_budget, policy, "
+                                     "duration_s, models, schedule)");
+  }
+  Scenario s;
+  try {
+    s.name = j.value("name", std::string("scenario"));
+    if (!j.contains("total_budget")) throw Error(field("total_budget") + " is missing");
+    s.total = j["total_budget"].is_number() ? std::to_string(j["total_budget"].get<std::uint64_t>())
+                                            : j["total_budget"].get<std::string>();
+    s.policy = j.value("policy", s.policy);
+    s.duration_s = j.value("duration_s", s.duration_s);
+  } catch (const json::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+  if (!(s.duration_s > 0)) throw Error(field("duration_s") + ": " + std::to_string(s.duration_s) + " must be > 0");
+  if (!j.contains("models") || !j["models"].is_array() || j["models"].empty()) {
+    throw Error(field("models") + " must be a non-empty array");
+  }
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  static const std::set<std::string> model_keys = {"name", "image", "urgency", "device", "threads", "cpus", "rate_hz",
+                                                   "input_shape"};
+  for (size_t i = 0; i < j["models"].size(); ++i) {
+    const json& m = j["models"][i];
+    const std::string at = "models[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw Error(field(at) + " must be an object");
+    for (const auto& [k, v] : m.items()) {
+      if (!model_keys.count(k)) throw Error(field(at + "." + k) + " is not a model field");
+    }
+    ScenarioModel sm;
+    try {
+      if (!m.contains("image")) throw Error(field(at + ".image") + " is missing");
+      std::string image = m["image"].get<std::string>();
+      sm.rt.name = m.value("name", image.substr(image.rfind('/') + 1));
+      if (!image.empty() && image[0] != '/') {
+        std::string found;
+        for (const std::string& d : {dir, models_dir}) {
+          if (found.empty() && exists(d + "/" + image)) found = d + "/" + image;
+        }
+        if (found.empty()) {
+          throw Error(field(at + ".image") + ": '" + image + "' is neither in " + dir + " nor in " + models_dir +
+                      " (scripts/models.sh paper makes the paper's models; swapnet pack makes images)");
+        }
+        image = found;
+      }
+      sm.rt.image = image;
+      sm.rt.urgency = m.value("urgency", 1.0);
+      if (!(sm.rt.urgency > 0)) throw Error(field(at + ".urgency") + ": " + std::to_string(sm.rt.urgency) + " must be > 0");
+      sm.device = m.value("device", std::string("cpu"));
+      if (sm.device != "cpu" && sm.device != "cuda") {
+        throw Error(field(at + ".device") + ": '" + sm.device + "' is not cpu or cuda");
+      }
+      sm.rt.options.device = sm.device == "cuda" ? ExecutorOptions::Device::kCUDA : ExecutorOptions::Device::kCPU;
+      sm.rt.threads = m.value("threads", 0);
+      if (sm.rt.threads < 0) throw Error(field(at + ".threads") + " must be >= 0");
+      sm.rt.cpus = m.value("cpus", std::vector<int>{});
+      sm.rate_hz = m.value("rate_hz", 0.0);
+      if (sm.rate_hz < 0) throw Error(field(at + ".rate_hz") + " must be >= 0 (0: closed loop)");
+      if (m.contains("input_shape")) {
+        sm.shapes = m["input_shape"].is_string() ? std::vector<std::string>{m["input_shape"].get<std::string>()}
+                                                 : m["input_shape"].get<std::vector<std::string>>();
+      }
+    } catch (const json::exception& e) {
+      throw Error(field(at) + ": " + e.what());
+    }
+    for (const auto& other : s.models) {
+      if (other.rt.name == sm.rt.name) throw Error(field(at + ".name") + ": '" + sm.rt.name + "' is used twice");
+    }
+    s.models.push_back(std::move(sm));
+  }
+  if (j.contains("schedule")) {
+    if (!j["schedule"].is_array()) throw Error(field("schedule") + " must be an array of {at_s, budget}");
+    for (size_t i = 0; i < j["schedule"].size(); ++i) {
+      const json& e = j["schedule"][i];
+      const std::string at = "schedule[" + std::to_string(i) + "]";
+      if (!e.is_object() || !e.contains("at_s") || !e.contains("budget") || !e["at_s"].is_number()) {
+        throw Error(field(at) + " must be {\"at_s\": SECONDS, \"budget\": SIZE}");
+      }
+      s.schedule.emplace_back(e["at_s"].get<double>(), e["budget"].is_number()
+                                                            ? std::to_string(e["budget"].get<std::uint64_t>())
+                                                            : e["budget"].get<std::string>());
+    }
+  }
+  return s;
+}
+
+// A size, or a percentage of `whole`.
+std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const std::string& what) {
+  if (!text.empty() && text.back() == '%') {
+    double pct = 0;
+    try {
+      pct = std::stod(text.substr(0, text.size() - 1));
+    } catch (...) {
+      throw Error(what + ": '" + text + "' is not a percentage");
+    }
+    if (!(pct > 0)) throw Error(what + ": '" + text + "' must be > 0%");
+    return static_cast<std::uint64_t>(static_cast<double>(whole) * pct / 100.0);
+  }
+  try {
+    return parse_size(text);
+  } catch (const std::exception& e) {
+    throw Error(what + ": " + e.what());
+  }
+}
+
+std::atomic<bool> g_interrupted{false};
+void on_signal(int) { g_interrupted.store(true); }
+
+struct Sample {
+  double t_s;
+  int model;
+  double ms;
+  std::uint64_t total;
+};
+
+}  // namespace
+
+int serve(const std::string& path, const Common& c, const ServeOptions& o) {
+  apply_common(c);
+  const char* env_models = std::getenv("SWAPNET_MODELS");
+  const std::string models_dir = !o.models_dir.empty() ? o.models_dir : env_models ? env_models : ".cache/models";
+  Scenario s = load_scenario(path, models_dir);
+  if (o.duration_s > 0) s.duration_s = o.duration_s;
+  if (!o.policy.empty()) s.policy = o.policy;
+  if (!o.budget.empty()) s.total = o.budget;
+  (void)make_policy(s.policy);  // refuse a bad name before opening anything
+
+  // Sizes as the images record them: the base of percentages, and each model's input.
+  std::uint64_t whole = 0;
+  std::vector<ImageInfo> infos;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  DeviceProfile prof = device_profile(s.models.front().rt.image, c, o.profile);
+  for (auto& m : s.models) {
+    ImageInfo info;
+    read_image_info(m.rt.image, &info).throw_if_error();
+    whole += info.data_size + info.activation_bytes;
+    use_profile(prof, &m.rt.options);
+    if (m.rt.threads == 0) m.rt.threads = static_cast<int>(std::max<size_t>(1, cores / s.models.size()));
+    infos.push_back(std::move(info));
+  }
+  const std::uint64_t total = budget_value(s.total, whole, path + ": field 'total_budget'");
+  std::vector<std::pair<double, std::uint64_t>> schedule;
+  for (size_t i = 0; i < s.schedule.size(); ++i) {
+    schedule.emplace_back(s.schedule[i].first, budget_value(s.schedule[i].second, whole,
+                                                            path + ": field 'schedule[" + std::to_string(i) + "].budget'"));
+  }
+
+  // Inputs and the reference outputs of direct (all in memory) inference, before the run.
+  std::vector<std::vector<c10::IValue>> inputs;
+  std::vector<c10::IValue> reference;
+  {
+    c10::InferenceMode guard;
+    for (size_t i = 0; i < s.models.size(); ++i) {
+      Common mc = c;
+      if (!s.models[i].shapes.empty()) mc.input_shapes = s.models[i].shapes;
+      std::vector<std::string> shapes;
+      inputs.push_back(inputs_for(mc, infos[i], &shapes));
+      if (o.check) {
+        // On a thread with the model's intra-op threads, as its worker: some kernels' results
+        // (parallel reductions) depend on the thread count.
+        c10::IValue out;
+        std::exception_ptr failed;
+        std::thread([&] {
+          try {
+            at::internal::lazy_init_num_threads();
+            at::set_num_threads(s.models[i].rt.threads);
+            c10::InferenceMode g;
+            InMemory direct(s.models[i].rt.image, infos[i], s.models[i].device == "cuda");
+            out = direct.sk.forward(clone_inputs(inputs[i]));
+            if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
+          } catch (...) {
+            failed = std::current_exception();
+          }
+        }).join();
+        if (failed) std::rethrow_exception(failed);
+        reference.push_back(out);
+      }
+    }
+  }
+
+  RuntimeOptions ro;
+  ro.policy = s.policy;
+  std::vector<RuntimeModel> specs;
+  for (const auto& m : s.models) specs.push_back(m.rt);
+  std::unique_ptr<Runtime> rt = Runtime::open(std::move(specs), total, ro);
+  std::unique_ptr<ControlServer> control;
+  if (o.socket != "none") control = std::make_unique<ControlServer>(rt.get(), o.socket.empty() ? default_control_path() : o.socket);
+  std::unique_ptr<BudgetWatcher> watcher;
+  if (!o.budget_source.empty()) {
+    watcher = std::make_unique<BudgetWatcher>(rt.get(), BudgetSource(o.budget_source),
+                                              std::chrono::milliseconds(std::max(1, o.poll_ms)));
+  }
+  if (!c.json) {
+    std::printf("serving %s: %zu models, total budget %s (%s policy), %.0f s%s\n", s.name.c_str(), s.models.size(),
+                format_bytes(total).c_str(), s.policy.c_str(), s.duration_s,
+                control ? (", control: swapnet ctl --socket " + control->path() + " budget SIZE").c_str() : "");
+    std::fflush(stdout);
+  }
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  const int n = rt->size();
+  std::mutex mu;
+  std::vector<std::vector<double>> lat(n);
+  std::vector<Sample> samples;
+  std::vector<char> equal(n, 1);
+  std::vector<std::string> diff(n);
+  std::vector<double> max_diff(n, 0);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) {
+    clients.emplace_back([&, i] {
+      c10::InferenceMode guard;
+      const double period_ms = s.models[i].rate_hz > 0 ? 1000.0 / s.models[i].rate_hz : 0;
+      auto next = Clock::now();
+      while (!done.load()) {
+        if (period_ms > 0) {
+          std::this_thread::sleep_until(next);
+          next += std::chrono::microseconds(static_cast<long long>(period_ms * 1000));
+          if (Clock::now() > next) next = Clock::now();
+        }
+        if (done.load()) break;
+        auto t0 = Clock::now();
+        try {
+          c10::IValue out = rt->submit(i, clone_inputs(inputs[i])).get();
+          const double ms = ms_since(t0);
+          std::lock_guard<std::mutex> lk(mu);
+          lat[i].push_back(ms);
+          samples.push_back({rt->seconds(), i, ms, rt->total_budget()});
+          if (o.check) {
+            if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
+            Comparison cmp = compare_outputs(reference[i], out);
+            if (!cmp.equal && equal[i]) diff[i] = cmp.difference;
+            equal[i] &= cmp.equal;
+            max_diff[i] = std::max(max_diff[i], cmp.max_abs_diff);
+          }
+        } catch (const std::exception& e) {
+          // Paused (the runtime said why when it paused it) or failed: try again shortly.
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      }
+    });
+  }
+  const auto start = Clock::now();
+  size_t next_change = 0;
+  std::sort(schedule.begin(), schedule.end());
+  while (!g_interrupted.load()) {
+    const double now_s = ms_since(start) / 1000;
+    if (now_s >= s.duration_s) break;
+    double wake_s = s.duration_s;
+    if (next_change < schedule.size()) {
+      if (schedule[next_change].first <= now_s) {
+        rt->set_budget(schedule[next_change].second);
+        ++next_change;
+        continue;
+      }
+      wake_s = std::min(wake_s, schedule[next_change].first);
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.1, std::max(0.0, wake_s - now_s))));
+  }
+  done.store(true);
+  for (auto& t : clients) t.join();
+  watcher.reset();
+  control.reset();
+  rt->wait_adapted(std::chrono::seconds(30));
+
+  const std::vector<ModelStatus> st = rt->status();
+  json j;
+  j["scenario"] = s.name;
+  j["policy"] = s.policy;
+  j["total_budget_bytes"] = rt->total_budget();
+  j["initial_budget_bytes"] = total;
+  j["duration_s"] = ms_since(start) / 1000;
+  j["checked"] = o.check;
+  bool all_equal = true, within = true;
+  std::uint64_t peak_sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const ModelStatus& m = st[i];
+    json mj = {{"name", m.name},
+               {"image", s.models[i].rt.image},
+               {"urgency", s.models[i].rt.urgency},
+               {"device", s.models[i].device},
+               {"threads", s.models[i].rt.threads},
+               {"budget_bytes", m.budget},
+               {"min_budget_bytes", m.min_bytes},
+               {"full_bytes", m.full_bytes},
+               {"paused", m.paused},
+               {"blocks", m.blocks},
+               {"resident_blocks", m.resident_blocks},
+               {"predicted_ms", m.predicted_ms},
+               {"peak_model_bytes", m.peak_model_bytes},
+               {"over_budget", m.over_budget},
+               {"latency_ms", {{"median", median(lat[i])}, {"p90", percentile(lat[i], 0.9)}}},
+               {"requests", lat[i].size()},
+               {"rejected", m.rejected},
+               {"failed", m.failed},
+               {"budget_changes", m.budget_changes}};
+    if (o.check) {
+      mj["equal"] = static_cast<bool>(equal[i]);
+      mj["max_abs_diff"] = max_diff[i];
+      if (!equal[i]) mj["difference"] = diff[i];
+      all_equal &= equal[i] != 0;
+    } else {
+      mj["equal"] = nullptr;
+    }
+    if (!m.paused) mj["paused_reason"] = nullptr;
+    else mj["paused_reason"] = m.paused_reason;
+    within &= m.over_budget == 0;
+    peak_sum += m.peak_model_bytes;
+    j["models"].push_back(mj);
+  }
+  j["peak_model_bytes_sum"] = peak_sum;
+  j["adaptations"] = json::array();
+  for (const auto& a : rt->adaptations()) {
+    j["adaptations"].push_back({{"at_s", a.at_s}, {"budget_bytes", a.budget_bytes}, {"budgets", a.budgets},
+                                {"plan_ms", a.plan_ms}, {"took_ms", a.took_ms}, {"note", a.note}});
+  }
+  if (!o.timeline.empty()) {
+    std::ofstream t(o.timeline);
+    if (!t) throw Error(o.timeline + ": cannot write the timeline");
+    t << "t_s,model,latency_ms,total_budget_bytes\n";
+    std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.t_s < b.t_s; });
+    for (const auto& x : samples) t << x.t_s << "," << st[x.model].name << "," << x.ms << "," << x.total << "\n";
+  }
+  if (c.json) {
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::printf("%-16s %10s %6s %10s %10s %10s %8s %6s\n", "model", "budget", "blocks", "peak", "median ms", "p90 ms",
+                "requests", "equal");
+    for (const auto& mj : j["models"]) {
+      std::printf("%-16s %10s %6d %10s %10.1f %10.1f %8zu %6s%s\n", mj["name"].get<std::string>().c_str(),
+                  mj["paused"].get<bool>() ? "paused" : format_bytes(mj["budget_bytes"].get<std::uint64_t>()).c_str(),
+                  mj["blocks"].get<int>(), format_bytes(mj["peak_model_bytes"].get<std::uint64_t>()).c_str(),
+                  mj["latency_ms"]["median"].get<double>(), mj["latency_ms"]["p90"].get<double>(),
+                  mj["requests"].get<size_t>(),
+                  mj["equal"].is_null() ? "-" : mj["equal"].get<bool>() ? "yes" : "NO",
+                  mj["over_budget"].get<std::uint64_t>() ? "  OVER BUDGET" : "");
+    }
+    for (const auto& a : j["adaptations"]) {
+      std::printf("at %.1f s: budget %s, planned in %.3f ms, in effect after %.1f ms: %s\n", a["at_s"].get<double>(),
+                  format_bytes(a["budget_bytes"].get<std::uint64_t>()).c_str(), a["plan_ms"].get<double>(),
+                  a["took_ms"].get<double>(), a["note"].get<std::string>().c_str());
+    }
+  }
+  return all_equal && within ? 0 : 1;
+}
+
+int ctl(const std::vector<std::string>& words, const std::string& socket) {
+  std::string line;
+  for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
+  if (line.empty()) throw Error("ctl: give a command: budget SIZE | status");
+  const std::string answer = control_request(socket.empty() ? default_control_path() : socket, line);
+  std::printf("%s\n", answer.c_str());
+  return answer.rfind("error", 0) == 0 ? 2 : 0;
+}
+
+}  // namespace cli
+}  // namespace swapnet

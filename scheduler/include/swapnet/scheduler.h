@@ -1,0 +1,213 @@
+// swapnet/scheduler.h — several DNNs sharing one memory budget: the budgeter that splits it, a
+// Runtime that serves every model concurrently within its share, and the sources that tell the
+// Runtime when the budget moves (the API, a control socket, a watched file, /proc/meminfo, a
+// cgroup v1 limit). docs/scheduler.md has the rules and the measurements.
+//
+// Budgeter. Each model states its demand (ModelDemand): the smallest budget it runs in, the
+// budget at which nothing is swapped, and its predicted latency by budget (from its partition
+// table). allocate() then:
+//  1. gives every model its full demand when the total allows (no swapping at all);
+//  2. else pauses models while the minimums do not fit (lowest urgency first, then the largest
+//     minimum), saying which and why;
+//  3. asks the policy for a split of the total among the rest, and brings it within each
+//     model's [minimum, full] (fit_budgets: raised to minimums, the others reduced in proportion;
+//     capped at full, the excess shared by the others).
+// Policies (make_policy): "paper" (the paper's Eq. 1), "equal" (the paper's ablation), "minmax"
+// (the split minimising the largest predicted latency, which the paper states as its objective
+// but does not solve). BudgetPolicy is the extension point for others.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "swapnet/assembly.h"
+
+namespace swapnet {
+
+// ---- budgeter (pure arithmetic) ------------------------------------------------------------
+
+struct ModelDemand {
+  std::string name;
+  double urgency = 1;              // the user's u_i (> 0)
+  std::uint64_t min_bytes = 0;     // smallest budget it can run in
+  std::uint64_t full_bytes = 0;    // budget at which nothing is swapped (the paper's M_i)
+  double latency_ms = 0;           // predicted latency with everything in memory
+  // Predicted latency by budget: (budget, ms), budgets increasing, ms non-increasing
+  // (Executor::latency_curve). Used by "minmax"; empty: latency_ms from min_bytes on.
+  std::vector<std::pair<std::uint64_t, double>> curve;
+  double predict_ms(std::uint64_t budget) const;  // +inf below min_bytes
+  // The smallest budget predicted to run within `ms` (full_bytes if none is).
+  std::uint64_t budget_for(double ms) const;
+};
+
+class SWAPNET_API BudgetPolicy {
+ public:
+  virtual ~BudgetPolicy() = default;
+  virtual std::string name() const = 0;
+  // A split of `total` among models that can all run (sum of minimums <= total < sum of full
+  // demands). Need not respect the bounds: fit_budgets() is applied to it.
+  virtual std::vector<double> split(const std::vector<ModelDemand>& models, std::uint64_t total) const = 0;
+};
+// "paper" | "equal" | "minmax"; throws Error naming the choices.
+SWAPNET_API std::unique_ptr<BudgetPolicy> make_policy(const std::string& name);
+
+// `want` brought within each model's [min_bytes, full_bytes], summing to at most `total`
+// (water-filling in proportion to `want`). Needs sum(min_bytes) <= total.
+SWAPNET_API std::vector<std::uint64_t> fit_budgets(const std::vector<double>& want,
+                                                   const std::vector<ModelDemand>& models, std::uint64_t total);
+
+struct Allocation {
+  std::vector<std::uint64_t> budgets;  // per model; 0 for a paused one
+  std::vector<char> paused;            // per model: 1 = cannot run within this total
+  bool swapping = false;               // false: every running model got its full demand
+  std::string note;                    // what was raised, reduced or paused, with the numbers
+};
+SWAPNET_API Allocation allocate(const BudgetPolicy& policy, const std::vector<ModelDemand>& models,
+                                std::uint64_t total);
+
+// ---- runtime ---------------------------------------------------------------------------------
+
+struct RuntimeModel {
+  std::string name;            // unique among the runtime's models
+  std::string image;           // swap image (.swapnet)
+  double urgency = 1;
+  ExecutorOptions options;     // budget: set by the budgeter; grid_step 0: 1/64 of the model, >= 1 MiB
+  int threads = 0;             // intra-op threads of this model's inferences; 0: libtorch's setting
+  std::vector<int> cpus;       // pin the model's thread (and the pool it starts) to these CPUs
+};
+
+struct RuntimeOptions {
+  std::string policy = "paper";                    // make_policy(); ignored when `custom` is set
+  std::shared_ptr<const BudgetPolicy> custom;      // a policy of the caller's own
+};
+
+struct ModelStatus {
+  std::string name;
+  std::uint64_t budget = 0;          // in force (0: paused)
+  bool paused = false;
+  std::string paused_reason;
+  int blocks = 0;                    // of the plan in force
+  int resident_blocks = 0;
+  double predicted_ms = 0;
+  std::uint64_t min_bytes = 0, full_bytes = 0;
+  // Weights in use at their peak + the model's own activations at their peak, over its
+  // inferences since open (as `swapnet run` reports peak_model_bytes).
+  std::uint64_t peak_model_bytes = 0;
+  // Inferences where weights held (arena budget, resident, pinned) + activations exceeded the
+  // budget in force: the promise broken. Tests require 0.
+  std::uint64_t over_budget = 0;
+  std::uint64_t requests = 0;        // inferences served
+  std::uint64_t rejected = 0;        // requests refused while paused
+  std::uint64_t failed = 0;          // inferences that threw
+  std::uint64_t budget_changes = 0;  // plans adopted after open
+};
+
+struct Adaptation {
+  double at_s = 0;                   // since the runtime opened
+  std::uint64_t budget_bytes = 0;    // the new total
+  std::vector<std::uint64_t> budgets;  // per model (0: paused)
+  double plan_ms = 0;                // budgeter (allocate) time
+  // From set_budget() to the last model running on its new plan (an in-flight inference ends
+  // first); -1 while pending, or when a later change superseded this one first.
+  double took_ms = -1;
+  std::string note;                  // the Allocation's note
+};
+
+// Several models served concurrently, one worker thread each, within one total budget that
+// counts every model's arena, resident blocks, pinned weights and activations.
+class SWAPNET_API Runtime {
+ public:
+  // Opens every image, measures demands, splits `total_budget` and plans each model. Throws
+  // Error when the scenario cannot fit at all (the sum of minimums above the total, with the
+  // numbers) or an image cannot be opened.
+  static std::unique_ptr<Runtime> open(std::vector<RuntimeModel> models, std::uint64_t total_budget,
+                                       const RuntimeOptions& options = {});
+  ~Runtime();  // stops the workers; requests still queued fail
+
+  int size() const;
+  int index(const std::string& name) const;  // -1 if none
+  const std::vector<ModelDemand>& demands() const;
+  const Executor& executor(int model) const;  // for tests: plans, bytes read (not thread-safe)
+
+  // Queues an inference on `model`'s worker. The future throws if the model is paused (Error
+  // naming it and its minimum) or the inference fails.
+  std::future<c10::IValue> submit(int model, std::vector<c10::IValue> inputs);
+
+  // A new total: re-runs the budgeter and returns (microseconds). Each model moves to its new
+  // plan at its next inference boundary (an idle one at once): shrinking models first, growing
+  // ones after every shrink is done, so memory never exceeds the larger of the two totals
+  // during the change and stays within the new total once it has taken effect. A total below
+  // the sum of minimums pauses models (said in the note) and keeps the rest running.
+  void set_budget(std::uint64_t total);
+  // Waits until the latest set_budget() has taken effect in every model; false on timeout.
+  bool wait_adapted(std::chrono::milliseconds timeout) const;
+  std::uint64_t total_budget() const;
+  std::vector<Adaptation> adaptations() const;
+  std::vector<ModelStatus> status() const;
+  double seconds() const;  // since open
+
+  struct Impl;
+
+ private:
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- budget sources ---------------------------------------------------------------------------
+
+// Where a total budget can be read from:
+//   file:PATH             the file holds a size ("600MiB", "629145600")
+//   meminfo:RESERVE       /proc/meminfo MemAvailable minus RESERVE (a size)
+//   cgroup:PATH           a cgroup v1 memory.limit_in_bytes file (or its directory)
+// Throws Error naming the spec; read() throws naming the file and the text.
+class SWAPNET_API BudgetSource {
+ public:
+  explicit BudgetSource(const std::string& spec);
+  std::uint64_t read() const;
+  const std::string& spec() const { return spec_; }
+
+ private:
+  std::string spec_, kind_, path_;
+  std::uint64_t reserve_ = 0;
+};
+
+// Polls a BudgetSource every `period` and calls Runtime::set_budget when the value changes by
+// more than `hysteresis` bytes. Errors reading it are logged once per distinct message.
+class SWAPNET_API BudgetWatcher {
+ public:
+  BudgetWatcher(Runtime* runtime, BudgetSource source, std::chrono::milliseconds period,
+                std::uint64_t hysteresis = 1u << 20);
+  ~BudgetWatcher();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A UNIX socket (created owner-only, 0600, in a 0700 directory if it makes one) accepting one
+// line per connection: "budget SIZE" (answers "ok TOTAL" once planned, or "error ..."),
+// "status" (one JSON line). `swapnet ctl` is its client.
+class SWAPNET_API ControlServer {
+ public:
+  ControlServer(Runtime* runtime, const std::string& path);  // throws Error naming the path
+  ~ControlServer();
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// Sends one command line to a ControlServer and returns its answer; throws Error naming the
+// socket when nobody listens there.
+SWAPNET_API std::string control_request(const std::string& path, const std::string& line);
+// $XDG_RUNTIME_DIR/swapnet/serve.sock, else /tmp/swapnet-UID/serve.sock.
+SWAPNET_API std::string default_control_path();
+
+}  // namespace swapnet

@@ -1,0 +1,286 @@
+// Where budget changes come from besides the API (scheduler.h): a polled budget source and a
+// control socket. Plain POSIX; the Runtime does the rest.
+#include <nlohmann/json.hpp>
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "swapnet/scheduler.h"
+
+namespace swapnet {
+
+// ---- budget sources ---------------------------------------------------------------------------
+
+BudgetSource::BudgetSource(const std::string& spec) : spec_(spec) {
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) {
+    throw Error("budget source '" + spec + "': expected file:PATH, meminfo:RESERVE or cgroup:PATH");
+  }
+  kind_ = spec.substr(0, colon);
+  path_ = spec.substr(colon + 1);
+  if (kind_ == "meminfo") {
+    reserve_ = path_.empty() ? 0 : parse_size(path_);
+    path_ = "/proc/meminfo";
+  } else if (kind_ == "cgroup") {
+    struct stat sb;
+    if (::stat(path_.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) path_ += "/memory.limit_in_bytes";
+  } else if (kind_ != "file") {
+    throw Error("budget source '" + spec + "': '" + kind_ + "' is not one of file, meminfo, cgroup");
+  }
+  if (path_.empty()) throw Error("budget source '" + spec + "': no path");
+}
+
+std::uint64_t BudgetSource::read() const {
+  std::ifstream f(path_);
+  if (!f) throw Error(path_ + ": cannot read: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  if (kind_ == "meminfo") {
+    const auto at = text.find("MemAvailable:");
+    if (at == std::string::npos) throw Error(path_ + ": no MemAvailable line");
+    std::istringstream line(text.substr(at + 13));
+    std::uint64_t kib = 0;
+    if (!(line >> kib)) throw Error(path_ + ": MemAvailable is not a number");
+    const std::uint64_t avail = kib * 1024;
+    return avail > reserve_ ? avail - reserve_ : 0;
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\n')) text.erase(text.begin());
+  try {
+    return parse_size(text);
+  } catch (const std::exception& e) {
+    throw Error(path_ + ": '" + text.substr(0, 40) + "' is not a size: " + e.what());
+  }
+}
+
+struct BudgetWatcher::Impl {
+  Runtime* rt;
+  BudgetSource src;
+  std::chrono::milliseconds period;
+  std::uint64_t hysteresis;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread t;
+  Impl(Runtime* r, BudgetSource s, std::chrono::milliseconds p, std::uint64_t h)
+      : rt(r), src(std::move(s)), period(p), hysteresis(h) {}
+  void loop() {
+    std::uint64_t last = rt->total_budget();
+    std::string last_error;
+    std::unique_lock<std::mutex> lk(mu);
+    while (!cv.wait_for(lk, period, [&] { return stop; })) {
+      try {
+        const std::uint64_t now = src.read();
+        last_error.clear();
+        const std::uint64_t diff = now > last ? now - last : last - now;
+        if (diff > hysteresis) {
+          log(LogLevel::kInfo, src.spec() + ": budget " + format_bytes(last) + " -> " + format_bytes(now));
+          rt->set_budget(now);
+          last = now;
+        }
+      } catch (const std::exception& e) {
+        if (e.what() != last_error) log(LogLevel::kWarn, std::string("budget source: ") + e.what());
+        last_error = e.what();
+      }
+    }
+  }
+};
+
+BudgetWatcher::BudgetWatcher(Runtime* runtime, BudgetSource source, std::chrono::milliseconds period,
+                             std::uint64_t hysteresis)
+    : impl_(std::make_unique<Impl>(runtime, std::move(source), period, hysteresis)) {
+  impl_->t = std::thread([this] { impl_->loop(); });
+}
+
+BudgetWatcher::~BudgetWatcher() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->t.join();
+}
+
+// ---- control socket ---------------------------------------------------------------------------
+
+std::string default_control_path() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg && *xdg) return std::string(xdg) + "/swapnet/serve.sock";
+  return "/tmp/swapnet-" + std::to_string(::getuid()) + "/serve.sock";
+}
+
+namespace {
+
+sockaddr_un socket_address(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) {
+    throw Error(path + ": socket path is " + std::to_string(path.size()) + " bytes; the limit is " +
+                std::to_string(sizeof a.sun_path - 1));
+  }
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  return a;
+}
+
+std::string read_line(int fd) {
+  std::string line;
+  char c;
+  while (line.size() < 4096) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    line.push_back(c);
+  }
+  return line;
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+struct ControlServer::Impl {
+  Runtime* rt;
+  std::string path;
+  int fd = -1;
+  int wake[2] = {-1, -1};
+  std::thread t;
+
+  std::string answer(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd, arg;
+    in >> cmd >> arg;
+    try {
+      if (cmd == "budget") {
+        if (arg.empty()) return "error: budget needs a size, e.g. 'budget 600MiB'";
+        const std::uint64_t bytes = parse_size(arg);
+        rt->set_budget(bytes);
+        return "ok " + std::to_string(bytes);
+      }
+      if (cmd == "status") {
+        nlohmann::json j;
+        j["total_budget_bytes"] = rt->total_budget();
+        for (const auto& s : rt->status()) {
+          j["models"].push_back({{"name", s.name}, {"budget_bytes", s.budget}, {"paused", s.paused},
+                                 {"blocks", s.blocks}, {"requests", s.requests}});
+        }
+        return j.dump();
+      }
+      return "error: unknown command '" + cmd + "' (budget SIZE | status)";
+    } catch (const std::exception& e) {
+      return std::string("error: ") + e.what();
+    }
+  }
+  void loop() {
+    while (true) {
+      pollfd p[2] = {{fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
+      if (::poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      if (p[1].revents) break;
+      if (!(p[0].revents & POLLIN)) continue;
+      int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      timeval tv{2, 0};
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      const std::string line = read_line(c);
+      log(LogLevel::kInfo, path + ": control: " + line);
+      write_all(c, answer(line) + "\n");
+      ::close(c);
+    }
+  }
+};
+
+ControlServer::ControlServer(Runtime* runtime, const std::string& path) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.rt = runtime;
+  m.path = path;
+  const sockaddr_un addr = socket_address(path);
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      throw Error(dir + ": cannot create the control socket's directory: " + std::strerror(errno));
+    }
+  }
+  // A socket file left by a server that died: remove it if nobody answers there.
+  if (::access(path.c_str(), F_OK) == 0) {
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) throw Error(path + ": another swapnet serve is listening there");
+    ::unlink(path.c_str());
+  }
+  m.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (m.fd < 0) throw Error(path + ": socket: " + std::strerror(errno));
+  const mode_t old = ::umask(0177);  // the socket is created owner-only (0600)
+  const int rc = ::bind(m.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  const int err = errno;
+  ::umask(old);
+  if (rc != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(m.fd, 8) != 0) {
+    const std::string why = std::strerror(rc != 0 ? err : errno);
+    ::close(m.fd);
+    throw Error(path + ": cannot listen: " + why);
+  }
+  if (::pipe2(m.wake, O_CLOEXEC) != 0) {
+    ::close(m.fd);
+    throw Error(path + ": pipe: " + std::strerror(errno));
+  }
+  m.t = std::thread([&m] { m.loop(); });
+  log(LogLevel::kInfo, path + ": listening for control commands");
+}
+
+ControlServer::~ControlServer() {
+  Impl& m = *impl_;
+  (void)!::write(m.wake[1], "x", 1);
+  m.t.join();
+  ::close(m.fd);
+  ::close(m.wake[0]);
+  ::close(m.wake[1]);
+  ::unlink(m.path.c_str());
+}
+
+const std::string& ControlServer::path() const { return impl_->path; }
+
+std::string control_request(const std::string& path, const std::string& line) {
+  const sockaddr_un addr = socket_address(path);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(path + ": socket: " + std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error(path + ": no swapnet serve answers there (" + why + ")");
+  }
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  write_all(fd, line + "\n");
+  std::string answer = read_line(fd);
+  ::close(fd);
+  if (answer.empty()) throw Error(path + ": no answer");
+  return answer;
+}
+
+}  // namespace swapnet

@@ -1,0 +1,386 @@
+// The multi-model Runtime (scheduler.h): one worker thread per model, budgets from the
+// budgeter, budget changes applied at inference boundaries.
+//
+// Note [Moving to a new budget]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// set_budget() only computes targets; each worker moves its own executor (an Executor is used
+// by one thread), between inferences: an idle worker at once, a busy one when its inference
+// ends (an in-flight inference is never failed). A model whose target is below its budget in
+// force may move at any time; one whose target is above may move only once no model has a
+// shrink pending. So while a change is under way memory stays within the larger of the old
+// and the new totals, and once every model has moved it is within the new one. The change has
+// "taken effect" when every model runs at its target: Adaptation::took_ms is that moment,
+// measured from set_budget(). A later change may supersede one still under way (its took_ms
+// stays -1). A model whose target is 0 (paused: the minimums do not all fit) releases every
+// byte it holds and refuses requests until a later change gives it a budget again.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "swapnet/scheduler.h"
+
+namespace swapnet {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct Request {
+  std::vector<c10::IValue> inputs;
+  std::promise<c10::IValue> done;
+};
+
+struct Worker {
+  RuntimeModel spec;
+  std::unique_ptr<Executor> exec;
+  int account = 0;
+  std::deque<Request> queue;
+  std::uint64_t budget = 0;  // in force; 0 = paused
+  ModelStatus st;
+  std::thread thread;
+};
+
+}  // namespace
+
+struct Runtime::Impl {
+  std::vector<std::unique_ptr<Worker>> w;
+  std::vector<ModelDemand> demands;
+  std::shared_ptr<const BudgetPolicy> policy;
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  bool stop = false;
+  std::uint64_t total = 0;
+  std::vector<std::uint64_t> target;  // per model; 0 = paused
+  std::vector<std::string> reason;    // per model: why it is paused
+  std::vector<Adaptation> adaptations;
+  Clock::time_point t0 = Clock::now();
+  Clock::time_point notified;
+
+  bool shrink_pending() const {
+    for (size_t j = 0; j < w.size(); ++j) {
+      if (target[j] < w[j]->budget) return true;
+    }
+    return false;
+  }
+  // Under mu: model i may move to its target now (Note [Moving to a new budget]).
+  bool can_move(size_t i) const {
+    if (target[i] == w[i]->budget) return false;
+    return target[i] < w[i]->budget || !shrink_pending();
+  }
+  // Under mu: every model runs at its target.
+  void note_if_settled() {
+    for (size_t j = 0; j < w.size(); ++j) {
+      if (target[j] != w[j]->budget) return;
+    }
+    if (!adaptations.empty() && adaptations.back().took_ms < 0) {
+      adaptations.back().took_ms = ms_between(notified, Clock::now());
+      log(LogLevel::kInfo, "runtime: budget " + format_bytes(adaptations.back().budget_bytes) + " in effect after " +
+                               std::to_string(adaptations.back().took_ms) + " ms");
+    }
+  }
+  void record_plan(Worker& x) {
+    const ExecutionPlan& p = x.exec->plan();
+    x.st.blocks = static_cast<int>(p.blocks.size());
+    x.st.resident_blocks = static_cast<int>(std::count(p.resident.begin(), p.resident.end(), 1));
+    x.st.predicted_ms = p.predicted_ms;
+  }
+  // Worker i, under `lk`: moves its executor to target[i] (unlocked while planning and reading).
+  void move(size_t i, std::unique_lock<std::mutex>& lk) {
+    Worker& x = *w[i];
+    const std::uint64_t b = target[i];
+    lk.unlock();
+    std::string failure;
+    try {
+      if (b == 0) {
+        x.exec->release();
+      } else {
+        x.exec->set_budget(b);
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+      try {
+        x.exec->release();
+      } catch (...) {
+      }
+    }
+    x.exec->reset_weight_peak();
+    reset_cpu_account_peak(x.account);
+    lk.lock();
+    if (!failure.empty()) {
+      log(LogLevel::kError, x.spec.name + ": cannot move to " + format_bytes(b) + ": " + failure + "; paused");
+      target[i] = 0;
+      reason[i] = failure;
+    }
+    x.budget = target[i];
+    x.st.paused = x.budget == 0;
+    x.st.paused_reason = x.st.paused ? reason[i] : "";
+    x.st.budget = x.budget;
+    ++x.st.budget_changes;
+    if (!x.st.paused) record_plan(x);
+    note_if_settled();
+    cv.notify_all();
+  }
+  void serve(size_t i, Request r, std::unique_lock<std::mutex>& lk) {
+    Worker& x = *w[i];
+    const std::uint64_t budget = x.budget;
+    lk.unlock();
+    bool ok = false;
+    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0;
+    try {
+      x.exec->reset_weight_peak();
+      reset_cpu_account_peak(x.account);
+      const std::uint64_t base = cpu_account(x.account).current;
+      c10::IValue out = x.exec->forward(std::move(r.inputs));
+      act = cpu_account(x.account).peak - base;
+      const WeightMemory wm = x.exec->weight_memory();
+      held = wm.held;
+      model_peak = wm.peak + act;
+      if (wm.held + act > budget) over = wm.held + act;
+      r.done.set_value(std::move(out));
+      ok = true;
+    } catch (...) {
+      r.done.set_exception(std::current_exception());
+    }
+    lk.lock();
+    if (ok) {
+      ++x.st.requests;
+      x.st.peak_model_bytes = std::max(x.st.peak_model_bytes, model_peak);
+      if (over) {
+        ++x.st.over_budget;
+        log_once(LogLevel::kWarn, "over_budget_" + x.spec.name,
+                 x.spec.name + ": held " + std::to_string(over) + " bytes (weights " + std::to_string(held) +
+                     " + activations " + std::to_string(act) + ") over its budget " + std::to_string(budget) +
+                     " bytes (activations reserved: " + std::to_string(x.exec->plan().activation_bytes) + ")");
+      }
+    } else {
+      ++x.st.failed;
+    }
+  }
+  void loop(size_t i) {
+    Worker& x = *w[i];
+    if (!x.spec.cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : x.spec.cpus) CPU_SET(c, &set);
+      if (int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set)) {
+        log_once(LogLevel::kWarn, "pin_" + x.spec.name,
+                 x.spec.name + ": cannot pin to its CPUs: " + std::string(std::strerror(rc)) + "; running unpinned");
+      }
+    }
+    // OpenMP: a thread's pool size is its own once initialised; set ours after libtorch's
+    // first-use initialisation so it is not overwritten.
+    at::internal::lazy_init_num_threads();
+    if (x.spec.threads > 0) at::set_num_threads(x.spec.threads);
+    set_thread_cpu_account(x.account);
+    c10::InferenceMode guard;
+    std::unique_lock<std::mutex> lk(mu);
+    while (true) {
+      cv.wait(lk, [&] { return stop || !x.queue.empty() || can_move(i); });
+      if (stop) break;
+      if (can_move(i)) {
+        move(i, lk);
+        continue;
+      }
+      Request r = std::move(x.queue.front());
+      x.queue.pop_front();
+      if (x.budget == 0) {
+        ++x.st.rejected;
+        r.done.set_exception(std::make_exception_ptr(Error(x.spec.name + ": paused: " + reason[i])));
+        continue;
+      }
+      serve(i, std::move(r), lk);
+    }
+    for (auto& r : x.queue) r.done.set_exception(std::make_exception_ptr(Error(x.spec.name + ": runtime stopped")));
+    x.queue.clear();
+  }
+  Allocation plan(std::uint64_t bytes) const { return allocate(*policy, demands, bytes); }
+  void set_targets(const Allocation& a) {
+    target = a.budgets;
+    reason.assign(w.size(), "");
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (a.paused[i]) {
+        reason[i] = "the total budget " + format_bytes(total) + " cannot hold every model's minimum, and " +
+                    w[i]->spec.name + " (urgency " + std::to_string(w[i]->spec.urgency).substr(0, 4) +
+                    ", minimum " + format_bytes(demands[i].min_bytes) + ") yields";
+      }
+    }
+  }
+};
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Runtime::~Runtime() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  for (auto& x : impl_->w) {
+    if (x->thread.joinable()) x->thread.join();
+  }
+}
+
+std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::uint64_t total_budget,
+                                       const RuntimeOptions& options) {
+  if (models.empty()) throw Error("runtime: no models");
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
+  install_cpu_meter();
+  const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
+  for (auto& spec : models) {
+    if (spec.name.empty()) throw Error(spec.image + ": a model needs a name");
+    for (const auto& x : m.w) {
+      if (x->spec.name == spec.name) throw Error("runtime: two models are named '" + spec.name + "'");
+    }
+    if (!(spec.urgency > 0)) throw Error(spec.name + ": urgency " + std::to_string(spec.urgency) + " must be > 0");
+    for (int c : spec.cpus) {
+      if (c < 0 || c >= cpus || c >= CPU_SETSIZE) {
+        throw Error(spec.name + ": CPU " + std::to_string(c) + " does not exist (this machine has 0.." +
+                    std::to_string(cpus - 1) + ")");
+      }
+    }
+    ImageInfo info;
+    read_image_info(spec.image, &info).throw_if_error();
+    ExecutorOptions o = spec.options;
+    o.budget = min_budget(info);  // opened small; the budgeter's share follows
+    o.partition.clear();
+    o.blocks = 0;
+    o.resident.clear();
+    if (o.grid_step == 0) o.grid_step = std::max<std::uint64_t>(1u << 20, info.data_size / 64);
+    auto x = std::make_unique<Worker>();
+    x->exec = Executor::open(spec.image, o);
+    x->account = new_cpu_account();
+    x->spec = std::move(spec);
+    ModelDemand d;
+    d.name = x->spec.name;
+    d.urgency = x->spec.urgency;
+    d.min_bytes = x->exec->plan().min_budget;
+    d.curve = x->exec->latency_curve();
+    d.full_bytes = std::max(d.curve.back().first, d.min_bytes);
+    d.latency_ms = d.curve.back().second;
+    x->st.name = d.name;
+    x->st.min_bytes = d.min_bytes;
+    x->st.full_bytes = d.full_bytes;
+    m.demands.push_back(std::move(d));
+    m.w.push_back(std::move(x));
+  }
+  std::uint64_t sum_min = 0;
+  std::string mins;
+  for (const auto& d : m.demands) {
+    sum_min += d.min_bytes;
+    mins += (mins.empty() ? "" : ", ") + d.name + " " + format_bytes(d.min_bytes);
+  }
+  if (sum_min > total_budget) {
+    throw Error("the scenario cannot fit: the models' minimum budgets sum to " + std::to_string(sum_min) + " bytes (" +
+                format_bytes(sum_min) + ": " + mins + ") > the total budget " + std::to_string(total_budget) +
+                " bytes (" + format_bytes(total_budget) + ")");
+  }
+  m.total = total_budget;
+  const Allocation a = m.plan(total_budget);
+  m.set_targets(a);
+  for (size_t i = 0; i < m.w.size(); ++i) {
+    Worker& x = *m.w[i];
+    x.exec->set_budget(m.target[i]);
+    x.exec->reset_weight_peak();
+    x.budget = x.st.budget = m.target[i];
+    m.record_plan(x);
+  }
+  log(LogLevel::kInfo, "runtime: " + a.note);
+  m.t0 = Clock::now();
+  for (size_t i = 0; i < m.w.size(); ++i) m.w[i]->thread = std::thread([&m, i] { m.loop(i); });
+  return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+}
+
+int Runtime::size() const { return static_cast<int>(impl_->w.size()); }
+int Runtime::index(const std::string& name) const {
+  for (size_t i = 0; i < impl_->w.size(); ++i) {
+    if (impl_->w[i]->spec.name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+const std::vector<ModelDemand>& Runtime::demands() const { return impl_->demands; }
+const Executor& Runtime::executor(int model) const { return *impl_->w.at(static_cast<size_t>(model))->exec; }
+double Runtime::seconds() const { return ms_between(impl_->t0, Clock::now()) / 1000; }
+
+std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inputs) {
+  Impl& m = *impl_;
+  if (model < 0 || model >= size()) throw Error("runtime: no model " + std::to_string(model));
+  Request r;
+  r.inputs = std::move(inputs);
+  std::future<c10::IValue> f = r.done.get_future();
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    Worker& x = *m.w[static_cast<size_t>(model)];
+    if (x.budget == 0 && m.target[static_cast<size_t>(model)] == 0) {
+      ++x.st.rejected;
+      r.done.set_exception(std::make_exception_ptr(Error(x.spec.name + ": paused: " + m.reason[static_cast<size_t>(model)])));
+      return f;
+    }
+    x.queue.push_back(std::move(r));
+  }
+  m.cv.notify_all();
+  return f;
+}
+
+void Runtime::set_budget(std::uint64_t total) {
+  Impl& m = *impl_;
+  const Clock::time_point t = Clock::now();
+  const Allocation a = m.plan(total);
+  const double plan_ms = ms_between(t, Clock::now());
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    m.total = total;
+    m.set_targets(a);
+    m.notified = t;
+    Adaptation ad;
+    ad.at_s = ms_between(m.t0, t) / 1000;
+    ad.budget_bytes = total;
+    ad.budgets = a.budgets;
+    ad.plan_ms = plan_ms;
+    ad.note = a.note;
+    m.adaptations.push_back(std::move(ad));
+    m.note_if_settled();
+  }
+  log(LogLevel::kInfo, "runtime: budget " + format_bytes(total) + ": " + a.note);
+  m.cv.notify_all();
+}
+
+bool Runtime::wait_adapted(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  return impl_->cv.wait_for(lk, timeout, [&] {
+    for (size_t j = 0; j < impl_->w.size(); ++j) {
+      if (impl_->target[j] != impl_->w[j]->budget) return false;
+    }
+    return true;
+  });
+}
+
+std::uint64_t Runtime::total_budget() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->total;
+}
+std::vector<Adaptation> Runtime::adaptations() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->adaptations;
+}
+std::vector<ModelStatus> Runtime::status() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::vector<ModelStatus> out;
+  for (const auto& x : impl_->w) out.push_back(x->st);
+  return out;
+}
+
+}  // namespace swapnet
