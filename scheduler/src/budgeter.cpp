@@ -122,43 +122,34 @@ std::unique_ptr<BudgetPolicy> make_policy(const std::string& name) {
   throw Error("budget policy '" + name + "' is not one of paper, equal, minmax");
 }
 
+// Water-filling: b_i = clamp(lambda * want_i, min_i, full_i), with lambda found by bisection so
+// that the b_i sum to the total (their sum grows with lambda). A model wanting nothing is given
+// a token want, so that it still grows once the others are full.
 std::vector<std::uint64_t> fit_budgets(const std::vector<double>& want, const std::vector<ModelDemand>& m,
                                        std::uint64_t total) {
   const size_t n = m.size();
-  std::vector<double> b(n, 0);
-  std::vector<char> fixed(n, 0);
-  for (size_t round = 0; round <= 2 * n + 1; ++round) {
-    double rest = static_cast<double>(total), w = 0;
-    size_t free = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (fixed[i]) {
-        rest -= b[i];
-      } else {
-        w += std::max(want[i], 0.0);
-        ++free;
-      }
-    }
-    if (free == 0) break;
-    for (size_t i = 0; i < n; ++i) {
-      if (!fixed[i]) b[i] = rest * (w > 0 ? std::max(want[i], 0.0) / w : 1.0 / static_cast<double>(free));
-    }
-    bool low = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (!fixed[i] && b[i] < static_cast<double>(m[i].min_bytes)) {
-        b[i] = static_cast<double>(m[i].min_bytes);
-        fixed[i] = low = true;
-      }
-    }
-    if (low) continue;
-    bool high = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (!fixed[i] && b[i] > static_cast<double>(m[i].full_bytes)) {
-        b[i] = static_cast<double>(m[i].full_bytes);
-        fixed[i] = high = true;
-      }
-    }
-    if (!high) break;
+  std::vector<double> w(n), lo(n), hi(n);
+  double wmax = 0;
+  for (size_t i = 0; i < n; ++i) wmax = std::max(wmax, want[i]);
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = want[i] > 0 ? want[i] : std::max(wmax, 1.0) * 1e-9;
+    lo[i] = static_cast<double>(m[i].min_bytes);
+    hi[i] = static_cast<double>(std::max(m[i].min_bytes, m[i].full_bytes));
   }
+  auto at = [&](double lambda) {
+    std::vector<double> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = std::clamp(lambda * w[i], lo[i], hi[i]);
+    return b;
+  };
+  auto sum_of = [](const std::vector<double>& b) { return std::accumulate(b.begin(), b.end(), 0.0); };
+  const double T = static_cast<double>(total);
+  double a = 0, z = 1;
+  while (sum_of(at(z)) < T && z < 1e30) z *= 2;
+  for (int it = 0; it < 200; ++it) {
+    const double mid = (a + z) / 2;
+    (sum_of(at(mid)) <= T ? a : z) = mid;
+  }
+  const std::vector<double> b = at(a);
   std::vector<std::uint64_t> out;
   for (size_t i = 0; i < n; ++i) {
     out.push_back(std::clamp(static_cast<std::uint64_t>(std::floor(b[i])), m[i].min_bytes,

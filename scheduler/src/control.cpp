@@ -152,7 +152,7 @@ std::string read_line(int fd) {
 void write_all(int fd, const std::string& s) {
   size_t done = 0;
   while (done < s.size()) {
-    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);  // a gone peer: no SIGPIPE
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     done += static_cast<size_t>(n);
@@ -207,8 +207,10 @@ struct ControlServer::Impl {
       timeval tv{2, 0};
       ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       const std::string line = read_line(c);
-      log(LogLevel::kInfo, path + ": control: " + line);
-      write_all(c, answer(line) + "\n");
+      if (!line.empty()) {  // empty: a probe, or a client that went away
+        log(LogLevel::kInfo, path + ": control: " + line);
+        write_all(c, answer(line) + "\n");
+      }
       ::close(c);
     }
   }

@@ -118,12 +118,14 @@ struct Runtime::Impl {
     x.exec->reset_weight_peak();
     reset_cpu_account_peak(x.account);
     lk.lock();
+    // What was applied is `b`: a later set_budget() may have changed target[i] meanwhile, and
+    // then the worker moves again.
+    x.budget = failure.empty() ? b : 0;
     if (!failure.empty()) {
       log(LogLevel::kError, x.spec.name + ": cannot move to " + format_bytes(b) + ": " + failure + "; paused");
-      target[i] = 0;
+      if (target[i] == b) target[i] = 0;
       reason[i] = failure;
     }
-    x.budget = target[i];
     x.st.paused = x.budget == 0;
     x.st.paused_reason = x.st.paused ? reason[i] : "";
     x.st.budget = x.budget;
@@ -162,7 +164,9 @@ struct Runtime::Impl {
         log_once(LogLevel::kWarn, "over_budget_" + x.spec.name,
                  x.spec.name + ": held " + std::to_string(over) + " bytes (weights " + std::to_string(held) +
                      " + activations " + std::to_string(act) + ") over its budget " + std::to_string(budget) +
-                     " bytes (activations reserved: " + std::to_string(x.exec->plan().activation_bytes) + ")");
+                     " bytes (plan: " + std::to_string(x.exec->plan().total()) + " bytes, " +
+                     std::to_string(x.exec->plan().blocks.size()) + " blocks, activations reserved " +
+                     std::to_string(x.exec->plan().activation_bytes) + ")");
       }
     } else {
       ++x.st.failed;

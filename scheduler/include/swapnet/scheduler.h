@@ -33,7 +33,7 @@ namespace swapnet {
 
 // ---- budgeter (pure arithmetic) ------------------------------------------------------------
 
-struct ModelDemand {
+struct SWAPNET_API ModelDemand {
   std::string name;
   double urgency = 1;              // the user's u_i (> 0)
   std::uint64_t min_bytes = 0;     // smallest budget it can run in

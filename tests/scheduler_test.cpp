@@ -1,0 +1,390 @@
+// Tests of the scheduler (scheduler.h): the budgeter's policies against hand-computed and
+// brute-force answers, and the Runtime serving real models concurrently while its budget changes
+// hundreds of times (outputs bit-identical, memory within each budget once it is in effect),
+// pausing models that cannot fit, the control socket and the budget sources.
+#include <gtest/gtest.h>
+
+#include <ATen/Parallel.h>
+#include <torch/script.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "packed.h"
+#include "swapnet/scheduler.h"
+#include "test_util.h"
+
+namespace swapnet {
+namespace {
+
+using test_util::error_of;
+using test_util::Packed;
+using test_util::packed;
+
+constexpr std::uint64_t MiB = 1u << 20;
+
+// A model whose predicted latency falls linearly from `slow` at its minimum to `fast` at full,
+// in 1 MiB steps.
+ModelDemand demand(const std::string& name, std::uint64_t min_mib, std::uint64_t full_mib, double slow, double fast,
+                   double urgency = 1) {
+  ModelDemand d;
+  d.name = name;
+  d.urgency = urgency;
+  d.min_bytes = min_mib * MiB;
+  d.full_bytes = full_mib * MiB;
+  d.latency_ms = fast;
+  for (std::uint64_t b = min_mib; b <= full_mib; ++b) {
+    const double f = full_mib == min_mib ? 1.0 : double(b - min_mib) / double(full_mib - min_mib);
+    d.curve.emplace_back(b * MiB, slow + (fast - slow) * f);
+  }
+  return d;
+}
+
+std::uint64_t sum(const std::vector<std::uint64_t>& v) { return std::accumulate(v.begin(), v.end(), std::uint64_t{0}); }
+
+TEST(Budgeter, PaperRuleIsEquationOne) {
+  // Small minimums so no bound binds: the split is Eq. 1 exactly.
+  std::vector<ModelDemand> m = {demand("a", 1, 200, 400, 100, 1), demand("b", 1, 100, 300, 150, 2),
+                                demand("c", 1, 300, 900, 300, 1)};
+  const std::uint64_t M = 300 * MiB;
+  Allocation a = allocate(*make_policy("paper"), m, M);
+  ASSERT_TRUE(a.swapping);
+  const double sum_m = 600, n = 3;
+  const double ps[3] = {1 * 100.0 / 200, 2 * 150.0 / 100, 1 * 300.0 / 300};
+  const double sum_ps = ps[0] + ps[1] + ps[2];
+  const double full[3] = {200, 100, 300};
+  for (int i = 0; i < 3; ++i) {
+    const double want = (full[i] / sum_m * (1 - 1 / n) + ps[i] / sum_ps / n) * double(M);
+    EXPECT_NEAR(double(a.budgets[i]), want, 2.0) << m[i].name;
+  }
+  EXPECT_LE(sum(a.budgets), M);
+}
+
+TEST(Budgeter, EverythingFitsMeansNoSwapping) {
+  std::vector<ModelDemand> m = {demand("a", 10, 50, 90, 30), demand("b", 5, 20, 40, 10)};
+  for (const char* p : {"paper", "equal", "minmax"}) {
+    Allocation a = allocate(*make_policy(p), m, 70 * MiB);
+    EXPECT_FALSE(a.swapping) << p;
+    EXPECT_EQ(a.budgets[0], 50 * MiB) << p;
+    EXPECT_EQ(a.budgets[1], 20 * MiB) << p;
+  }
+}
+
+TEST(Budgeter, ShareBelowAMinimumIsRaisedAndTheOthersReduced) {
+  // VGG-like: a big minimum that Eq. 1's share does not reach (the paper raised VGG by hand).
+  std::vector<ModelDemand> m = {demand("vgg", 490, 550, 2000, 900), demand("r1", 20, 170, 600, 300),
+                                demand("r2", 20, 170, 600, 300)};
+  const std::uint64_t M = 600 * MiB;
+  Allocation a = allocate(*make_policy("paper"), m, M);
+  EXPECT_EQ(a.budgets[0], 490 * MiB);
+  EXPECT_LE(sum(a.budgets), M);
+  EXPECT_GE(sum(a.budgets), M - 3);
+  EXPECT_EQ(a.budgets[1], a.budgets[2]);
+  EXPECT_NE(a.note.find("vgg raised from"), std::string::npos) << a.note;
+}
+
+TEST(Budgeter, FitBudgetsKeepsBoundsAndTheTotal) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int n = 1 + int(rng() % 5);
+    std::vector<ModelDemand> m;
+    std::vector<double> want;
+    std::uint64_t mins = 0, fulls = 0;
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t lo = 1 + rng() % 100, hi = lo + rng() % 200;
+      m.push_back(demand("m" + std::to_string(i), lo, hi, 10, 1));
+      mins += lo * MiB;
+      fulls += hi * MiB;
+      want.push_back(double(rng() % 1000) * MiB);
+    }
+    const std::uint64_t total = mins + (fulls > mins ? rng() % (fulls - mins + 1) : 0);
+    std::vector<std::uint64_t> b = fit_budgets(want, m, total);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_GE(b[i], m[i].min_bytes);
+      EXPECT_LE(b[i], m[i].full_bytes);
+    }
+    EXPECT_LE(sum(b), total);
+    EXPECT_GE(sum(b) + std::uint64_t(n), std::min(total, fulls)) << "the total is used";
+  }
+}
+
+TEST(Budgeter, PausesTheLeastUrgentWhenMinimumsDoNotFit) {
+  std::vector<ModelDemand> m = {demand("urgent", 50, 100, 90, 30, 3), demand("lazy", 50, 100, 90, 30, 0.5),
+                                demand("normal", 40, 100, 90, 30, 1)};
+  Allocation a = allocate(*make_policy("paper"), m, 100 * MiB);
+  EXPECT_EQ(a.paused, (std::vector<char>{0, 1, 0}));
+  EXPECT_EQ(a.budgets[1], 0u);
+  EXPECT_GE(a.budgets[0], 50 * MiB);
+  EXPECT_GE(a.budgets[2], 40 * MiB);
+  EXPECT_NE(a.note.find("lazy paused (its minimum 50.0 MiB"), std::string::npos) << a.note;
+  Allocation none = allocate(*make_policy("paper"), m, 10 * MiB);
+  EXPECT_EQ(sum(none.budgets), 0u);
+  EXPECT_NE(none.note.find("no model can run"), std::string::npos);
+}
+
+// The best max-latency over every combination of curve points (brute force, small curves).
+double brute_minmax(const std::vector<ModelDemand>& m, std::uint64_t total) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<size_t> at(m.size(), 0);
+  while (true) {
+    std::uint64_t used = 0;
+    double worst = 0;
+    for (size_t i = 0; i < m.size(); ++i) {
+      used += m[i].curve[at[i]].first;
+      worst = std::max(worst, m[i].curve[at[i]].second);
+    }
+    if (used <= total) best = std::min(best, worst);
+    size_t i = 0;
+    while (i < m.size() && ++at[i] == m[i].curve.size()) at[i++] = 0;
+    if (i == m.size()) break;
+  }
+  return best;
+}
+
+TEST(Budgeter, MinMaxFindsTheBestWorstLatencyAndBeatsThePaper) {
+  std::mt19937 rng(3);
+  int paper_worse = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<ModelDemand> m;
+    std::uint64_t mins = 0, fulls = 0;
+    for (int i = 0; i < 3; ++i) {
+      const std::uint64_t lo = 5 + rng() % 20, hi = lo + 1 + rng() % 15;
+      const double fast = 10 + rng() % 300, slow = fast * (1.2 + double(rng() % 100) / 50);
+      m.push_back(demand("m" + std::to_string(i), lo, hi, slow, fast, 1 + rng() % 3));
+      mins += lo * MiB;
+      fulls += hi * MiB;
+    }
+    const std::uint64_t total = mins + rng() % (fulls - mins);
+    auto worst = [&](const Allocation& a) {
+      double w = 0;
+      for (size_t i = 0; i < m.size(); ++i) w = std::max(w, m[i].predict_ms(a.budgets[i]));
+      return w;
+    };
+    const Allocation mm = allocate(*make_policy("minmax"), m, total);
+    const Allocation paper = allocate(*make_policy("paper"), m, total);
+    EXPECT_LE(sum(mm.budgets), total);
+    EXPECT_DOUBLE_EQ(worst(mm), brute_minmax(m, total)) << "trial " << trial;
+    EXPECT_LE(worst(mm), worst(paper) + 1e-9);
+    paper_worse += worst(paper) > worst(mm) + 1e-9;
+  }
+  EXPECT_GT(paper_worse, 10) << "the instances must tell the policies apart";
+}
+
+TEST(Budgeter, UnknownPolicyIsNamed) {
+  EXPECT_NE(error_of([] { make_policy("fastest"); }).find("'fastest' is not one of paper, equal, minmax"),
+            std::string::npos);
+}
+
+TEST(BudgetSource, FileMeminfoAndCgroup) {
+  char dir[] = "/tmp/swapnet-source-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string file = std::string(dir) + "/budget";
+  std::ofstream(file) << "600MiB\n";
+  EXPECT_EQ(BudgetSource("file:" + file).read(), 600 * MiB);
+  std::ofstream(file) << "lots";
+  EXPECT_NE(error_of([&] { BudgetSource("file:" + file).read(); }).find(file + ": 'lots' is not a size"),
+            std::string::npos);
+  const std::string cg = std::string(dir) + "/memory.limit_in_bytes";
+  std::ofstream(cg) << "1073741824\n";
+  EXPECT_EQ(BudgetSource("cgroup:" + std::string(dir)).read(), 1024 * MiB);
+  const std::uint64_t avail = BudgetSource("meminfo:0").read();
+  EXPECT_GT(avail, 0u);
+  EXPECT_LE(BudgetSource("meminfo:1GiB").read(), avail);
+  EXPECT_NE(error_of([] { BudgetSource("disk:/x"); }).find("'disk' is not one of file, meminfo, cgroup"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { BudgetSource("/x"); }).find("expected file:PATH"), std::string::npos);
+}
+
+// ---- the Runtime on real models --------------------------------------------------------------
+
+struct Models {
+  std::vector<Packed> pk;
+  std::vector<at::Tensor> x;
+  std::vector<c10::IValue> expected;  // direct inference, one intra-op thread as the workers
+};
+
+Models small_models() {
+  Models s;
+  s.pk.push_back(packed("resnet18", {1, 3, 64, 64}));
+  s.pk.push_back(packed("mobilenet_v2", {1, 3, 64, 64}));
+  for (size_t i = 0; i < s.pk.size(); ++i) {
+    torch::manual_seed(10 + i);
+    s.x.push_back(torch::randn({1, 3, 64, 64}));
+  }
+  std::thread([&] {
+    at::internal::lazy_init_num_threads();
+    at::set_num_threads(1);
+    c10::InferenceMode g;
+    for (size_t i = 0; i < s.pk.size(); ++i) s.expected.push_back(s.pk[i].m.forward({s.x[i].clone()}));
+  }).join();
+  return s;
+}
+
+std::vector<RuntimeModel> specs(const Models& s) {
+  std::vector<RuntimeModel> v;
+  for (const auto& p : s.pk) {
+    RuntimeModel m;
+    m.name = p.img.substr(p.img.rfind('/') + 1);
+    m.image = p.img;
+    m.threads = 1;
+    v.push_back(m);
+  }
+  return v;
+}
+
+TEST(Runtime, RefusesAScenarioThatCannotFitWithTheNumbers) {
+  Models s = small_models();
+  const std::string e = error_of([&] { Runtime::open(specs(s), 1 * MiB); });
+  EXPECT_NE(e.find("the scenario cannot fit: the models' minimum budgets sum to"), std::string::npos) << e;
+  EXPECT_NE(e.find("resnet18.swapnet"), std::string::npos) << e;
+  EXPECT_NE(e.find("> the total budget 1048576 bytes"), std::string::npos) << e;
+}
+
+// Hundreds of budget changes while both models serve requests in closed loops: no failure,
+// every output bit-identical to direct inference, no inference over its budget, and after every
+// change the budgets in force are the targets and sum within the new total.
+TEST(Runtime, StressHundredsOfBudgetChangesWhileServing) {
+  Models s = small_models();
+  auto rt = Runtime::open(specs(s), 1u << 30);
+  const auto& d = rt->demands();
+  const std::uint64_t mins = d[0].min_bytes + d[1].min_bytes, fulls = d[0].full_bytes + d[1].full_bytes;
+  ASSERT_LT(mins, fulls);
+  std::atomic<bool> stop{false};
+  std::atomic<int> served{0}, differ{0}, paused{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      c10::InferenceMode g;
+      while (!stop.load()) {
+        try {
+          c10::IValue out = rt->submit(i, {s.x[i].clone()}).get();
+          ++served;
+          if (!compare_outputs(s.expected[i], out).equal) ++differ;
+        } catch (const Error& e) {
+          if (std::string(e.what()).find(": paused: ") != std::string::npos) {
+            ++paused;
+          } else {
+            ++other;
+            ADD_FAILURE() << e.what();
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    });
+  }
+  std::mt19937 rng(5);
+  const int changes = 300;
+  int checked = 0;
+  for (int k = 0; k < changes; ++k) {
+    // Mostly between the sum of minimums and everything resident; sometimes below (a pause).
+    const std::uint64_t lo = mins - mins / 4, hi = fulls + fulls / 10;
+    const std::uint64_t total = lo + rng() % (hi - lo);
+    rt->set_budget(total);
+    if (k % 5 == 4) {
+      ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20))) << "change " << k;
+      std::uint64_t in_force = 0;
+      for (const auto& m : rt->status()) in_force += m.budget;
+      EXPECT_LE(in_force, total) << "change " << k;
+      ++checked;
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    }
+  }
+  rt->set_budget(fulls);  // everyone runs again
+  ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop.store(true);
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(checked, changes / 5);
+  EXPECT_EQ(differ.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(served.load(), 50);
+  std::uint64_t moves = 0;
+  for (const auto& m : rt->status()) {
+    EXPECT_EQ(m.over_budget, 0u) << m.name;
+    EXPECT_EQ(m.failed, 0u) << m.name;
+    EXPECT_GT(m.requests, 10u) << m.name;
+    EXPECT_LE(m.peak_model_bytes, m.full_bytes) << m.name;
+    moves += m.budget_changes;
+  }
+  EXPECT_GT(moves, 100u) << "the models moved between plans";
+  int effected = 0;
+  for (const auto& a : rt->adaptations()) effected += a.took_ms >= 0;
+  EXPECT_GE(effected, changes / 5);
+  std::printf("stress: %d served, %d refused while paused, %llu plan changes, %d changes took effect\n",
+              served.load(), paused.load(), static_cast<unsigned long long>(moves), effected);
+}
+
+TEST(Runtime, ACutBelowTheMinimumsPausesOneModelAndKeepsTheOther) {
+  Models s = small_models();
+  std::vector<RuntimeModel> v = specs(s);
+  v[0].urgency = 2;  // resnet18 stays
+  auto rt = Runtime::open(v, 1u << 30);
+  const auto& d = rt->demands();
+  rt->set_budget(d[0].min_bytes + d[1].min_bytes / 2);
+  ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
+  EXPECT_TRUE(compare_outputs(s.expected[0], rt->submit(0, {s.x[0].clone()}).get()).equal);
+  const std::string e = error_of([&] { rt->submit(1, {s.x[1].clone()}).get(); });
+  EXPECT_NE(e.find("mobilenet_v2.swapnet: paused: the total budget"), std::string::npos) << e;
+  std::vector<ModelStatus> st = rt->status();
+  EXPECT_TRUE(st[1].paused);
+  EXPECT_FALSE(st[0].paused);
+  EXPECT_EQ(rt->executor(1).weight_memory().held, 0u) << "a paused model holds nothing";
+  EXPECT_NE(rt->adaptations().back().note.find("mobilenet_v2.swapnet paused"), std::string::npos);
+  rt->set_budget(d[0].full_bytes + d[1].full_bytes);
+  ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
+  EXPECT_TRUE(compare_outputs(s.expected[1], rt->submit(1, {s.x[1].clone()}).get()).equal);
+  EXPECT_GE(rt->adaptations().back().took_ms, 0);
+}
+
+TEST(Runtime, ControlSocketIsOwnerOnlyAndSetsTheBudget) {
+  Models s = small_models();
+  auto rt = Runtime::open(specs(s), 1u << 30);
+  char dir[] = "/tmp/swapnet-ctl-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/sub/serve.sock";
+  {
+    ControlServer server(rt.get(), path);
+    struct stat sb;
+    ASSERT_EQ(::stat(path.c_str(), &sb), 0);
+    EXPECT_EQ(sb.st_mode & 0777, 0600u);
+    ASSERT_EQ(::stat((std::string(dir) + "/sub").c_str(), &sb), 0);
+    EXPECT_EQ(sb.st_mode & 0777, 0700u);
+    const std::uint64_t total = rt->demands()[0].full_bytes + rt->demands()[1].min_bytes;
+    EXPECT_EQ(control_request(path, "budget " + std::to_string(total)), "ok " + std::to_string(total));
+    EXPECT_EQ(rt->total_budget(), total);
+    EXPECT_NE(control_request(path, "status").find("\"total_budget_bytes\":" + std::to_string(total)), std::string::npos);
+    EXPECT_EQ(control_request(path, "budget lots").rfind("error: ", 0), 0u);
+    EXPECT_EQ(control_request(path, "reboot").rfind("error: unknown command 'reboot'", 0), 0u);
+    EXPECT_NE(error_of([&] { ControlServer again(rt.get(), path); }).find("another swapnet serve is listening"),
+              std::string::npos);
+  }
+  EXPECT_NE(error_of([&] { control_request(path, "status"); }).find("no swapnet serve answers there"),
+            std::string::npos);
+}
+
+TEST(Runtime, BudgetWatcherFollowsAFile) {
+  Models s = small_models();
+  const std::uint64_t start = 1u << 30;
+  auto rt = Runtime::open(specs(s), start);
+  char dir[] = "/tmp/swapnet-watch-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string file = std::string(dir) + "/budget";
+  std::ofstream(file) << start << "\n";
+  BudgetWatcher w(rt.get(), BudgetSource("file:" + file), std::chrono::milliseconds(5));
+  const std::uint64_t next = rt->demands()[0].min_bytes + rt->demands()[1].min_bytes + 4 * MiB;
+  std::ofstream(file) << next << "\n";
+  for (int i = 0; i < 400 && rt->total_budget() != next; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(rt->total_budget(), next);
+  EXPECT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
+}
+
+}  // namespace
+}  // namespace swapnet
