@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""`swapnet serve` and `swapnet ctl` end to end on two small models: a short scenario with a
+budget schedule runs (every output bit-identical to direct inference, no model over its budget,
+each change in effect, the --json fields the issue names, a --timeline CSV); `ctl budget` moves a
+running serve and `ctl status` reports it; malformed scenarios are refused naming the field;
+a scenario whose minimums do not fit is refused with the numbers.
+
+  serve_cli_test.py SWAPNET_CLI RESNET18.pt MOBILENET_V2.pt WORKDIR
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from cli_test_util import Checks, run, test_env
+
+
+def main() -> int:
+    cli, r18, mv2, work = sys.argv[1:5]
+    os.makedirs(work, exist_ok=True)
+    checks = Checks()
+    expect = checks.expect
+    for pt in (r18, mv2):
+        img = os.path.join(work, os.path.basename(pt).replace(".pt", ".swapnet"))
+        rc, _, err = run(cli, "pack", pt, "-o", img, "--input-shape", "1,3,64,64")
+        if rc != 0:
+            print(err, file=sys.stderr)
+            return 1
+
+    def scenario(name, **fields):
+        s = {"name": name, "total_budget": "70%", "duration_s": 4,
+             "models": [{"name": "r18", "image": "resnet18.swapnet", "urgency": 2},
+                        {"name": "mv2", "image": "mobilenet_v2.swapnet"}]}
+        s.update(fields)
+        path = os.path.join(work, name + ".json")
+        with open(path, "w") as f:
+            json.dump(s, f)
+        return path
+
+    # A run with the budget cut and restored.
+    path = scenario("cuts", schedule=[{"at_s": 1.5, "budget": "55%"}, {"at_s": 3, "budget": "90%"}])
+    timeline = os.path.join(work, "timeline.csv")
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--timeline", timeline)
+    expect(rc == 0, f"serve exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        for k in ("total_budget_bytes", "models", "adaptations"):
+            expect(k in j, f"--json has no {k}")
+        for m in j["models"]:
+            for k in ("name", "budget_bytes", "peak_model_bytes", "latency_ms", "requests", "equal"):
+                expect(k in m, f"model has no {k}")
+            expect(m["equal"] is True, f"{m['name']}: outputs differ: {m.get('difference')}")
+            expect(m["over_budget"] == 0, f"{m['name']}: over its budget")
+            expect(m["requests"] >= 3, f"{m['name']}: only {m['requests']} requests")
+            expect(m["latency_ms"]["median"] > 0 and m["latency_ms"]["p90"] >= m["latency_ms"]["median"],
+                   f"{m['name']}: latency {m['latency_ms']}")
+            expect(m["peak_model_bytes"] <= m["full_bytes"], f"{m['name']}: peak above the whole model")
+        a = j["adaptations"]
+        expect(len(a) == 2 and all(x["took_ms"] >= 0 for x in a), f"adaptations {a}")
+        expect(a and a[0]["budget_bytes"] < j["initial_budget_bytes"], "the first change cuts the budget")
+        expect(sum(j["models"][i]["budget_bytes"] for i in range(2)) <= j["total_budget_bytes"], "budgets sum")
+        print(json.dumps({"models": [{k: m[k] for k in ("name", "budget_bytes", "blocks", "latency_ms", "requests")}
+                                     for m in j["models"]], "adaptations": [(x["at_s"], x["took_ms"]) for x in a]}))
+        with open(timeline) as f:
+            lines = f.read().splitlines()
+        expect(lines[0] == "t_s,model,latency_ms,total_budget_bytes" and len(lines) > 6, "timeline CSV")
+
+    # ctl against a running serve.
+    sock = os.path.join(work, "ctl", "serve.sock")
+    path = scenario("ctl", duration_s=6)
+    p = subprocess.Popen([cli, "serve", path, "--json", "--socket", sock], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=test_env(cli))
+    for _ in range(200):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+    expect(os.path.exists(sock) and (os.stat(sock).st_mode & 0o777) == 0o600, "socket is owner-only")
+    rc, out, err = run(cli, "ctl", "--socket", sock, "budget", "30MiB")
+    expect(rc == 0 and out.strip() == f"ok {30 << 20}", f"ctl budget: {rc} {out!r} {err!r}")
+    rc, out, err = run(cli, "ctl", "--socket", sock, "status")
+    expect(rc == 0 and json.loads(out)["total_budget_bytes"] == 30 << 20, f"ctl status: {out!r}")
+    rc, out, err = run(cli, "ctl", "--socket", sock, "budget", "lots")
+    expect(rc == 2 and out.startswith("error:"), f"ctl bad size: {rc} {out!r}")
+    out, err = p.communicate(timeout=120)
+    expect(p.returncode == 0, f"serve under ctl exit {p.returncode}: {err}")
+    if p.returncode == 0:
+        j = json.loads(out)
+        expect(j["total_budget_bytes"] == 30 << 20, "the ctl budget is the serve's total")
+        expect(any(a["budget_bytes"] == 30 << 20 and a["took_ms"] >= 0 for a in j["adaptations"]), "ctl adaptation")
+        expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), "ctl run outputs and budgets")
+    rc, out, err = run(cli, "ctl", "--socket", sock, "status")
+    expect(rc == 2 and "no swapnet serve answers there" in err, f"ctl without serve: {err!r}")
+
+    # Refusals, each naming what is wrong.
+    bad = {
+        "nomodels": ({"models": []}, "field 'models' must be a non-empty array"),
+        "unknown": ({"budget": "1GiB"}, "field 'budget' is not a scenario field"),
+        "noimage": ({"models": [{"name": "x", "image": "nope.swapnet"}]}, "field 'models[0].image': 'nope.swapnet' is neither in"),
+        "urgency": ({"models": [{"image": "resnet18.swapnet", "urgency": 0}]}, "field 'models[0].urgency': 0.000000 must be > 0"),
+        "device": ({"models": [{"image": "resnet18.swapnet", "device": "tpu"}]}, "field 'models[0].device': 'tpu' is not cpu or cuda"),
+        "twice": ({"models": [{"image": "resnet18.swapnet"}, {"image": "resnet18.swapnet"}]}, "'resnet18.swapnet' is used twice"),
+        "schedule": ({"schedule": [{"at": 1}]}, "field 'schedule[0]' must be {\"at_s\": SECONDS, \"budget\": SIZE}"),
+        "percent": ({"total_budget": "x%"}, "field 'total_budget': 'x%' is not a percentage"),
+        "policy": ({"policy": "fastest"}, "'fastest' is not one of paper, equal, minmax"),
+        "cannotfit": ({"total_budget": "1MiB"}, "the scenario cannot fit: the models' minimum budgets sum to"),
+    }
+    for name, (fields, message) in bad.items():
+        rc, out, err = run(cli, "serve", scenario(name, **fields), "--socket", "none")
+        expect(rc == 2 and message in err, f"{name}: exit {rc}, {err.strip()!r} lacks {message!r}")
+    with open(os.path.join(work, "broken.json"), "w") as f:
+        f.write("{\"models\": [")
+    rc, out, err = run(cli, "serve", os.path.join(work, "broken.json"))
+    expect(rc == 2 and "broken.json: not valid JSON" in err, f"broken JSON: {err!r}")
+    return checks.exit_status("serve")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
