@@ -10,6 +10,8 @@ pkgs=(
   libopenblas0-pthread
   python3-torch python3-torchvision
 )
+# --bench: also what the benchmarks need (gnuplot draws bench/scheduler.sh's timeline plot).
+[ "${1:-}" = "--bench" ] && pkgs+=(gnuplot-nox)
 
 missing=()
 for p in "${pkgs[@]}"; do
