@@ -81,8 +81,11 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   try {
     s.name = j.value("name", std::string("scenario"));
     if (!j.contains("total_budget")) throw Error(field("total_budget") + " is missing");
-    s.total = j["total_budget"].is_number() ? std::to_string(j["total_budget"].get<std::uint64_t>())
-                                            : j["total_budget"].get<std::string>();
+    const json& t = j["total_budget"];
+    if (!t.is_number_unsigned() && !t.is_string()) {
+      throw Error(field("total_budget") + " must be a size (\"843MiB\", bytes) or a percentage (\"72.6%\")");
+    }
+    s.total = t.is_number() ? std::to_string(t.get<std::uint64_t>()) : t.get<std::string>();
     s.policy = j.value("policy", s.policy);
     s.duration_s = j.value("duration_s", s.duration_s);
   } catch (const json::exception& e) {
@@ -148,7 +151,8 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     for (size_t i = 0; i < j["schedule"].size(); ++i) {
       const json& e = j["schedule"][i];
       const std::string at = "schedule[" + std::to_string(i) + "]";
-      if (!e.is_object() || !e.contains("at_s") || !e.contains("budget") || !e["at_s"].is_number()) {
+      if (!e.is_object() || !e.contains("at_s") || !e.contains("budget") || !e["at_s"].is_number() ||
+          !(e["budget"].is_string() || e["budget"].is_number_unsigned())) {
         throw Error(field(at) + " must be {\"at_s\": SECONDS, \"budget\": SIZE}");
       }
       s.schedule.emplace_back(e["at_s"].get<double>(), e["budget"].is_number()
@@ -417,7 +421,9 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                   a["took_ms"].get<double>(), a["note"].get<std::string>().c_str());
     }
   }
-  return all_equal && within ? 0 : 1;
+  bool none_failed = true;
+  for (const auto& m : st) none_failed &= m.failed == 0;
+  return all_equal && within && none_failed ? 0 : 1;
 }
 
 int ctl(const std::vector<std::string>& words, const std::string& socket) {

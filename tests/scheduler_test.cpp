@@ -124,6 +124,12 @@ TEST(Budgeter, PausesTheLeastUrgentWhenMinimumsDoNotFit) {
   EXPECT_GE(a.budgets[0], 50 * MiB);
   EXPECT_GE(a.budgets[2], 40 * MiB);
   EXPECT_NE(a.note.find("lazy paused (its minimum 50.0 MiB"), std::string::npos) << a.note;
+  // A big minimum paused after a small one: the small one is readmitted where it fits.
+  std::vector<ModelDemand> g = {demand("a", 50, 60, 9, 3, 1), demand("b", 1000, 1100, 9, 3, 2),
+                                demand("c", 100, 120, 9, 3, 3)};
+  Allocation r = allocate(*make_policy("paper"), g, 1000 * MiB);
+  EXPECT_EQ(r.paused, (std::vector<char>{0, 1, 0})) << r.note;
+  EXPECT_NE(r.note.find("a readmitted"), std::string::npos) << r.note;
   Allocation none = allocate(*make_policy("paper"), m, 10 * MiB);
   EXPECT_EQ(sum(none.budgets), 0u);
   EXPECT_NE(none.note.find("no model can run"), std::string::npos);
@@ -365,9 +371,18 @@ TEST(Runtime, ControlSocketIsOwnerOnlyAndSetsTheBudget) {
     EXPECT_EQ(control_request(path, "reboot").rfind("error: unknown command 'reboot'", 0), 0u);
     EXPECT_NE(error_of([&] { ControlServer again(rt.get(), path); }).find("another swapnet serve is listening"),
               std::string::npos);
+    EXPECT_EQ(control_request(path, "budget " + std::to_string(total / MiB) + " MiB"),
+              "ok " + std::to_string(total / MiB * MiB)) << "a size with a space is one size";
   }
   EXPECT_NE(error_of([&] { control_request(path, "status"); }).find("no swapnet serve answers there"),
             std::string::npos);
+  const std::string not_socket = std::string(dir) + "/results.csv";
+  std::ofstream(not_socket) << "keep me\n";
+  EXPECT_NE(error_of([&] { ControlServer c(rt.get(), not_socket); }).find("exists and is not a socket"),
+            std::string::npos);
+  std::ifstream kept(not_socket);
+  std::string line;
+  EXPECT_TRUE(std::getline(kept, line) && line == "keep me") << "a file that is not a socket is never removed";
 }
 
 TEST(Runtime, BudgetWatcherFollowsAFile) {

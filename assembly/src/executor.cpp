@@ -447,6 +447,8 @@ Executor::~Executor() = default;
 // Makes `p` the plan in force: sizes the arena (within its reservation, or a new one), and
 // reads the slots this partition must keep resident. Called between inferences only.
 void adopt(Executor::Impl& m, ExecutionPlan p);
+// Frees every byte held for weights (Executor::release).
+void release_all(Executor::Impl& m);
 
 std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
   ImageInfo info;
@@ -514,10 +516,10 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     m.arena->release(false);
     m.arena->release(true);
   }
-  m.released = false;
-  // Registered memory is pinned whole: a smaller plan needs a smaller arena to give memory back.
+  // Only host arenas drop pages past a smaller budget (Arena::set_budget); registered (pinned
+  // whole) and managed memory need a smaller arena to give memory back.
   const std::uint64_t want = (std::max<std::uint64_t>(p.arena_bytes, kImageAlign) + 4095) / 4096 * 4096;
-  const bool pinned_whole = m.arena && m.arena->kind() == MemoryKind::kRegistered && want < m.arena->capacity();
+  const bool pinned_whole = m.arena && m.arena->kind() != MemoryKind::kHost && want < m.arena->capacity();
   if (!m.arena || p.arena_bytes > m.arena->capacity() || pinned_whole) {
     m.arena.reset();
     m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
@@ -612,6 +614,19 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
                            format_bytes(m.plan.resident_bytes) + "), arena " + format_bytes(m.plan.arena_bytes) + " (" +
                            to_string(m.arena->kind()) + "), activations " + format_bytes(m.plan.activation_bytes) +
                            ", pinned " + format_bytes(m.plan.pinned_bytes));
+  m.released = false;
+}
+
+// adopt() failing part-way (an allocation, a read of pinned slots) leaves the executor released:
+// nothing half-built is used, and forward() says so until the next set_budget().
+static void adopt_or_release(Executor::Impl& m, ExecutionPlan p) {
+  try {
+    adopt(m, std::move(p));
+  } catch (...) {
+    m.released = false;
+    release_all(m);
+    throw;
+  }
 }
 
 void Executor::set_budget(std::uint64_t bytes) {
@@ -628,14 +643,14 @@ void Executor::set_budget(std::uint64_t bytes) {
       if (p.total() <= bytes) {
         p.min_budget = m.plan.min_budget;
         m.opt = o;
-        adopt(m, std::move(p));
+        adopt_or_release(m, std::move(p));
         return;
       }
     }
   }
   ExecutionPlan p = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
   m.opt = o;
-  adopt(m, std::move(p));
+  adopt_or_release(m, std::move(p));
 }
 
 c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
@@ -756,10 +771,15 @@ void Executor::reset_weight_peak() {
 }
 bool Executor::released() const { return impl_->released; }
 
-void Executor::release() {
-  Impl& m = *impl_;
+void Executor::release() { release_all(*impl_); }
+
+void release_all(Executor::Impl& m) {
   if (m.released) return;
-  m.gpu_idle();
+  try {
+    m.gpu_idle();
+  } catch (const std::exception& e) {
+    log(LogLevel::kError, m.path + ": waiting for the GPU before releasing failed: " + e.what());
+  }
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   m.reader->register_buffers({});  // unpin before freeing
   m.arena.reset();

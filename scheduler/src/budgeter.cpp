@@ -191,6 +191,22 @@ Allocation allocate(const BudgetPolicy& policy, const std::vector<ModelDemand>& 
             std::to_string(run.size()) + " models sum to " + format_bytes(need) + " > " + format_bytes(total) + "); ";
     run.erase(victim);
   }
+  // The greedy pass may have paused more than needed (a large minimum went after a small one):
+  // readmit the paused that still fit, most urgent first.
+  std::vector<size_t> out_of_run;
+  for (size_t i = 0; i < n; ++i) {
+    if (a.paused[i]) out_of_run.push_back(i);
+  }
+  std::sort(out_of_run.begin(), out_of_run.end(),
+            [&](size_t x, size_t y) { return models[x].urgency > models[y].urgency; });
+  for (size_t v : out_of_run) {
+    if (sum_min() + models[v].min_bytes <= total) {
+      a.paused[v] = 0;
+      run.push_back(v);
+      note += models[v].name + " readmitted; ";
+    }
+  }
+  std::sort(run.begin(), run.end());
   if (run.empty()) {
     a.note = note + "no model can run";
     return a;

@@ -85,7 +85,11 @@ struct BudgetWatcher::Impl {
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, period, [&] { return stop; })) {
       try {
-        const std::uint64_t now = src.read();
+        std::uint64_t held = 0;  // meminfo: the runtime's own budgets are memory it may use
+        if (src.spec().rfind("meminfo:", 0) == 0) {
+          for (const auto& m : rt->status()) held += m.budget;
+        }
+        const std::uint64_t now = src.read() + held;
         last_error.clear();
         const std::uint64_t diff = now > last ? now - last : last - now;
         if (diff > hysteresis) {
@@ -171,7 +175,8 @@ struct ControlServer::Impl {
   std::string answer(const std::string& line) {
     std::istringstream in(line);
     std::string cmd, arg;
-    in >> cmd >> arg;
+    in >> cmd;
+    std::getline(in >> std::ws, arg);  // "600 MiB" is one size
     try {
       if (cmd == "budget") {
         if (arg.empty()) return "error: budget needs a size, e.g. 'budget 600MiB'";
@@ -203,7 +208,10 @@ struct ControlServer::Impl {
       if (p[1].revents) break;
       if (!(p[0].revents & POLLIN)) continue;
       int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
+      if (c < 0) {  // e.g. EMFILE: do not spin
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
       timeval tv{2, 0};
       ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       const std::string line = read_line(c);
@@ -227,9 +235,22 @@ ControlServer::ControlServer(Runtime* runtime, const std::string& path) : impl_(
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       throw Error(dir + ": cannot create the control socket's directory: " + std::strerror(errno));
     }
+    // One we did not make must still be ours and closed to others (else someone could put
+    // their own socket in our place).
+    // (A sticky directory such as /tmp is fine: others cannot remove what is ours there.)
+    struct stat ds;
+    const bool ok = ::stat(dir.c_str(), &ds) == 0 && S_ISDIR(ds.st_mode) &&
+                    ((ds.st_mode & S_ISVTX) || (ds.st_uid == ::getuid() && (ds.st_mode & 022) == 0));
+    if (!ok) {
+      throw Error(dir + ": the control socket's directory must be owned by this user and not writable by others "
+                        "(or sticky, like /tmp)");
+    }
   }
-  // A socket file left by a server that died: remove it if nobody answers there.
-  if (::access(path.c_str(), F_OK) == 0) {
+  // A socket file left by a server that died: remove it if nobody answers there. Anything else
+  // at that path is not ours to remove.
+  struct stat ss;
+  if (::lstat(path.c_str(), &ss) == 0) {
+    if (!S_ISSOCK(ss.st_mode)) throw Error(path + ": exists and is not a socket; give --socket another path");
     int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
     if (probe >= 0) ::close(probe);

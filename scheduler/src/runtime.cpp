@@ -48,6 +48,8 @@ struct Worker {
   int account = 0;
   std::deque<Request> queue;
   std::uint64_t budget = 0;  // in force; 0 = paused
+  bool moving = false;       // move() is under way (unlocked), towards `moving_to`
+  std::uint64_t moving_to = 0;
   ModelStatus st;
   std::thread thread;
 };
@@ -68,11 +70,19 @@ struct Runtime::Impl {
   Clock::time_point t0 = Clock::now();
   Clock::time_point notified;
 
+  // What model j may hold now: its budget in force, or more while it moves to a larger one.
+  std::uint64_t holds(size_t j) const { return w[j]->moving ? std::max(w[j]->budget, w[j]->moving_to) : w[j]->budget; }
   bool shrink_pending() const {
     for (size_t j = 0; j < w.size(); ++j) {
-      if (target[j] < w[j]->budget) return true;
+      if (target[j] < holds(j)) return true;
     }
     return false;
+  }
+  bool settled() const {
+    for (size_t j = 0; j < w.size(); ++j) {
+      if (w[j]->moving || target[j] != w[j]->budget) return false;
+    }
+    return true;
   }
   // Under mu: model i may move to its target now (Note [Moving to a new budget]).
   bool can_move(size_t i) const {
@@ -81,9 +91,7 @@ struct Runtime::Impl {
   }
   // Under mu: every model runs at its target.
   void note_if_settled() {
-    for (size_t j = 0; j < w.size(); ++j) {
-      if (target[j] != w[j]->budget) return;
-    }
+    if (!settled()) return;
     if (!adaptations.empty() && adaptations.back().took_ms < 0) {
       adaptations.back().took_ms = ms_between(notified, Clock::now());
       log(LogLevel::kInfo, "runtime: budget " + format_bytes(adaptations.back().budget_bytes) + " in effect after " +
@@ -100,6 +108,8 @@ struct Runtime::Impl {
   void move(size_t i, std::unique_lock<std::mutex>& lk) {
     Worker& x = *w[i];
     const std::uint64_t b = target[i];
+    x.moving = true;
+    x.moving_to = b;
     lk.unlock();
     std::string failure;
     try {
@@ -118,6 +128,7 @@ struct Runtime::Impl {
     x.exec->reset_weight_peak();
     reset_cpu_account_peak(x.account);
     lk.lock();
+    x.moving = false;
     // What was applied is `b`: a later set_budget() may have changed target[i] meanwhile, and
     // then the worker moves again.
     x.budget = failure.empty() ? b : 0;
@@ -191,7 +202,9 @@ struct Runtime::Impl {
     c10::InferenceMode guard;
     std::unique_lock<std::mutex> lk(mu);
     while (true) {
-      cv.wait(lk, [&] { return stop || !x.queue.empty() || can_move(i); });
+      // A model that is paused but about to run again (waiting for others to shrink) keeps
+      // its requests until it has moved.
+      cv.wait(lk, [&] { return stop || can_move(i) || (!x.queue.empty() && (x.budget > 0 || target[i] == 0)); });
       if (stop) break;
       if (can_move(i)) {
         move(i, lk);
@@ -267,6 +280,10 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     auto x = std::make_unique<Worker>();
     x->exec = Executor::open(spec.image, o);
     x->account = new_cpu_account();
+    if (x->account == 0) {
+      log_once(LogLevel::kWarn, "cpu_accounts", "runtime: all 255 CPU meter accounts are taken: activations of " +
+                                                    spec.name + " and later models are not checked against their budgets");
+    }
     x->spec = std::move(spec);
     ModelDemand d;
     d.name = x->spec.name;
@@ -304,8 +321,10 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   }
   log(LogLevel::kInfo, "runtime: " + a.note);
   m.t0 = Clock::now();
+  // Owned at once, so that the threads already started are joined if starting one fails.
+  std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));
   for (size_t i = 0; i < m.w.size(); ++i) m.w[i]->thread = std::thread([&m, i] { m.loop(i); });
-  return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+  return rt;
 }
 
 int Runtime::size() const { return static_cast<int>(impl_->w.size()); }
@@ -364,12 +383,7 @@ void Runtime::set_budget(std::uint64_t total) {
 
 bool Runtime::wait_adapted(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lk(impl_->mu);
-  return impl_->cv.wait_for(lk, timeout, [&] {
-    for (size_t j = 0; j < impl_->w.size(); ++j) {
-      if (impl_->target[j] != impl_->w[j]->budget) return false;
-    }
-    return true;
-  });
+  return impl_->cv.wait_for(lk, timeout, [&] { return impl_->settled(); });
 }
 
 std::uint64_t Runtime::total_budget() const {

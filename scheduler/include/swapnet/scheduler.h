@@ -164,7 +164,8 @@ class SWAPNET_API Runtime {
 
 // Where a total budget can be read from:
 //   file:PATH             the file holds a size ("600MiB", "629145600")
-//   meminfo:RESERVE       /proc/meminfo MemAvailable minus RESERVE (a size)
+//   meminfo:RESERVE       /proc/meminfo MemAvailable minus RESERVE (a size); the watcher adds
+//                         back the runtime's own budgets (memory it holds is not "available")
 //   cgroup:PATH           a cgroup v1 memory.limit_in_bytes file (or its directory)
 // Throws Error naming the spec; read() throws naming the file and the text.
 class SWAPNET_API BudgetSource {
