@@ -414,6 +414,15 @@ struct Executor::Impl {
     free_aligned(pinned_buf);
   }
 
+  // Frees the pinned slots' buffer (their views are dropped first).
+  void drop_pinned() {
+    pinned.clear();
+    pinned_views.clear();
+    free_aligned(pinned_buf);
+    pinned_buf = nullptr;
+    pinned_gpu.reset();
+    pinned_need = 0;
+  }
   void rebind_pinned() {
     for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
   }
@@ -555,12 +564,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.reader->register_buffers(bufs);
   m.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
-  m.pinned.clear();
-  m.pinned_views.clear();
-  free_aligned(m.pinned_buf);
-  m.pinned_buf = nullptr;
-  m.pinned_gpu.reset();
-  m.pinned_need = 0;
+  m.drop_pinned();
   pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
   if (!m.pinned.empty()) {
     std::uint64_t need = 0;
@@ -785,12 +789,7 @@ void release_all(Executor::Impl& m) {
   m.arena.reset();
   m.kept.reset();
   m.kept_bytes = 0;
-  m.pinned.clear();
-  m.pinned_views.clear();
-  free_aligned(m.pinned_buf);
-  m.pinned_buf = nullptr;
-  m.pinned_gpu.reset();
-  m.pinned_need = 0;
+  m.drop_pinned();
   m.resident_loaded = false;
   m.released = true;
   log(LogLevel::kInfo, m.path + ": released every byte held for weights");
