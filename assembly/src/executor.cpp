@@ -312,6 +312,10 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
 
 }  // namespace
 
+std::uint64_t default_grid_step(const ImageInfo& info) {
+  return std::max<std::uint64_t>(1u << 20, info.data_size / 64);
+}
+
 std::uint64_t min_budget(const ImageInfo& info) {
   return min_budget_for(info, Skeleton::from_image(info, info.source));
 }
@@ -804,8 +808,7 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
     reserve = planning_reserve(m.info, m.sk, m.opt);
     PartitionOptions po;
     po.residency = m.opt.residency;
-    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost,
-                                             std::max<std::uint64_t>(1u << 20, m.info.data_size / 64), po);
+    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info), po);
     table = local.get();
   }
   std::vector<std::pair<std::uint64_t, double>> curve;

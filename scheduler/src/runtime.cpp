@@ -276,7 +276,7 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     o.partition.clear();
     o.blocks = 0;
     o.resident.clear();
-    if (o.grid_step == 0) o.grid_step = std::max<std::uint64_t>(1u << 20, info.data_size / 64);
+    if (o.grid_step == 0) o.grid_step = default_grid_step(info);
     auto x = std::make_unique<Worker>();
     x->exec = Executor::open(spec.image, o);
     x->account = new_cpu_account();

@@ -214,6 +214,9 @@ struct ExecutorOptions {
   enum class Device { kCPU, kCUDA } device = Device::kCPU;
 };
 
+// A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
+SWAPNET_API std::uint64_t default_grid_step(const ImageInfo& info);
+
 // Throws Error("ORIGIN: --device cuda: ...") naming what is missing for ExecutorOptions::Device::
 // kCUDA: a CUDA libtorch, or a usable GPU (with the probe's reason). Executor::open calls it.
 SWAPNET_API void require_cuda(const std::string& origin);
