@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "accounting.h"
 #include "swapnet/allocator.h"
 
 #if SWAPNET_WITH_CUDA
@@ -29,12 +30,16 @@ constexpr std::uint64_t kAlign = 4096;  // bytes
 std::atomic<std::uint64_t> g_current{0};
 std::atomic<std::uint64_t> g_peak{0};
 
-void account(std::int64_t delta) {
+}  // namespace
+
+void account_memory(std::int64_t delta) {
   std::uint64_t now = g_current.fetch_add(static_cast<std::uint64_t>(delta)) + static_cast<std::uint64_t>(delta);
   std::uint64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }
 }
+
+namespace {
 
 std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -104,7 +109,7 @@ Arena::Arena(char* base, std::uint64_t capacity, MemoryKind kind)
     : base_(base), device_base_(base), capacity_(capacity), budget_(capacity), kind_(kind) {}
 
 Arena::~Arena() {
-  account(-static_cast<std::int64_t>(low_ + high_));
+  account_memory(-static_cast<std::int64_t>(low_ + high_));
 #if SWAPNET_WITH_CUDA
   if (kind_ == MemoryKind::kManaged) {
     cudaFree(base_);
@@ -130,14 +135,14 @@ void* Arena::place(bool high, std::uint64_t bytes) {
   const std::uint64_t other = high ? low_ : high_;
   if (bytes > budget_ || other > budget_ - bytes) return nullptr;
   std::uint64_t& mine = high ? high_ : low_;
-  account(static_cast<std::int64_t>(bytes) - static_cast<std::int64_t>(mine));
+  account_memory(static_cast<std::int64_t>(bytes) - static_cast<std::int64_t>(mine));
   mine = bytes;
   return high ? base_ + budget_ - bytes : base_;
 }
 
 void Arena::release(bool high) {
   std::uint64_t& mine = high ? high_ : low_;
-  account(-static_cast<std::int64_t>(mine));
+  account_memory(-static_cast<std::int64_t>(mine));
   mine = 0;
 }
 

@@ -24,6 +24,7 @@ std::string errno_name(int err) {
     case EISDIR: return "EISDIR";
     case EEXIST: return "EEXIST";
     case EROFS: return "EROFS";
+    case ECANCELED: return "ECANCELED";
     default: return "errno " + std::to_string(err);
   }
 }

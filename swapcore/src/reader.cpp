@@ -594,6 +594,16 @@ Status BlockReader::wait(Ticket ticket) {
   return s;
 }
 
+void BlockReader::cancel(Ticket ticket) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.jobs.find(ticket);
+  if (it == m.jobs.end() || it->second->done) return;
+  // A failed job issues no more pieces and is finished once its pieces in flight have landed.
+  m.fail(*it->second, Status::error(ECANCELED, m.range(it->second->offset, it->second->length) + ": cancelled"));
+  m.retire_finished_locked();
+}
+
 Status BlockReader::read(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify) {
   return wait(submit(offset, length, buffer, std::move(verify)));
 }

@@ -4,6 +4,10 @@
 // cuda_device() and never writes #ifdef CUDA. On a machine without a driver or GPU the probe
 // reports "no device" with the reason, once, in the log; that is a normal state, not an error.
 //
+// BlockRing: swapped blocks in read order, pushed at the head when they fit and popped once
+// executed (Note [Block ring] in ring.cpp): mirrored host memory holds as many blocks as their
+// bytes allow; memory the GPU reads in place falls back to two blocks at opposite ends.
+//
 // Arena: one per model, reserved once. Blocks are placed with no allocation per swap: even
 // blocks from the low end, odd blocks from the high end, so two adjacent blocks fit exactly
 // when their sizes add up to at most the arena's size (Note [Two-ended arena] in arena.cpp).
@@ -89,6 +93,41 @@ class SWAPNET_API Arena {
   std::uint64_t capacity_, budget_;
   std::uint64_t low_ = 0, high_ = 0;  // bytes placed at each end
   MemoryKind kind_;
+};
+
+// Swapped blocks in flight and executing, first in, first out (Note [Block ring]).
+class SWAPNET_API BlockRing {
+ public:
+  // Host memory (kHost, or kManaged without a usable GPU): a mirrored ring of `capacity` bytes
+  // (rounded up to pages), populated as blocks land and freed when the ring is destroyed. Other
+  // kinds, or when the mirror cannot be mapped (said once): a two-ended Arena. Throws Error
+  // with the size and the reason when the memory cannot be had.
+  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind);
+  ~BlockRing();
+  BlockRing(const BlockRing&) = delete;
+  BlockRing& operator=(const BlockRing&) = delete;
+
+  MemoryKind kind() const;
+  bool mirrored() const;        // false: at most two blocks (two-ended)
+  std::uint64_t capacity() const;
+  // Whether a block of `bytes` can be pushed now, and pushing it: the address of `bytes`
+  // contiguous bytes (4 KiB aligned), or nullptr when it does not fit next to the blocks held.
+  bool fits(std::uint64_t bytes) const;
+  void* push(std::uint64_t bytes);
+  void pop();    // releases the oldest block (swap-out: no write-back)
+  void clear();  // releases every block
+  std::size_t blocks() const;
+  std::uint64_t used() const;   // bytes of the blocks held (page-rounded)
+  // The mapping blocks are placed in (2 x capacity when mirrored), e.g. to register with the
+  // block reader; device_address() is the GPU's address of a pushed block.
+  char* base() const;
+  std::uint64_t mapped_bytes() const;
+  char* device_address(void* p) const;
+
+ private:
+  struct Impl;
+  explicit BlockRing(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace swapnet

@@ -200,6 +200,10 @@ class SWAPNET_API BlockReader {
   };
   Ticket submit(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
   Status wait(Ticket ticket);  // blocks until done; the status of that read
+  // Stops a read early: pieces not yet handed to the kernel are dropped; pieces in flight land
+  // (the buffer stays in use until then). wait() must still be called: it returns once nothing
+  // of the read is in flight, with ECANCELED (or the read's own status if it ended first).
+  void cancel(Ticket ticket);
   Status read(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
 
   // Registers buffers the caller will read into (e.g. an arena), for io_uring fixed-buffer
