@@ -142,10 +142,11 @@ TEST(Partitioner, ChosenResidencyIsNeverWorseThanNoneAndCloseToTheOptimum) {
     auto layers = random_layers(n, rng);
     const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
     const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
-    PartitionOptions off;
+    PartitionOptions paper, off;
+    paper.read_ahead = off.read_ahead = ReadAhead::kPaper;  // the exhaustive search's pipeline
     off.residency = false;
     Partition none = optimal_partition(layers, cap, m, off);
-    Partition chosen = optimal_partition(layers, cap, m);
+    Partition chosen = optimal_partition(layers, cap, m, paper);
     Partition truth = exhaustive_partition_any(layers, cap, m);
     ASSERT_TRUE(none.feasible && chosen.feasible && truth.feasible) << "trial " << trial;
     expect_well_formed(layers, chosen, cap, m, "trial " + std::to_string(trial));
@@ -179,6 +180,137 @@ TEST(Partitioner, MinimumArenaIsTheLargestAdjacentPair) {
   ASSERT_EQ(all.blocks.size(), 1u) << "everything fits: one resident block";
   EXPECT_EQ(all.resident[0], 1);
   EXPECT_EQ(all.read_bytes, 0u);
+}
+
+// The ring pipeline on a worked example: three swapped blocks of 100 bytes, reads of 10 ms,
+// execution of 2 ms each (I/O bound), and the same with execution of 20 ms (compute bound).
+TEST(Partitioner, RingSimulationOnAWorkedExample) {
+  CostModel m;
+  m.alpha_ms_per_byte = 0.1;
+  m.beta_ms_per_tensor = 0;
+  m.block_ms = 0;
+  m.eta_ms_per_tensor = 0;
+  m.inference_ms = 0;
+  std::vector<LayerCost> l(3);
+  for (auto& x : l) {
+    x.bytes = 100;
+    x.exec_ms = 2;
+  }
+  const Blocks b = {{0, 0}, {1, 1}, {2, 2}};
+  const std::vector<char> sw = {0, 0, 0};
+  // A ring holding everything the reader may read ahead: the disk never waits, 30 ms per inference.
+  EXPECT_NEAR(simulate_ms(l, b, sw, 300, 0, m), 30.0, 1e-9);
+  // Two blocks at most: block k+2 waits for block k to execute, which waits for its read; the
+  // disk still never idles (execution is shorter than a read): 30 ms.
+  EXPECT_NEAR(simulate_ms(l, b, sw, 200, 2, m), 30.0, 1e-9);
+  // The paper's pipeline starts every inference cold: three reads of 10 ms, then the last block
+  // executes: 32 ms.
+  EXPECT_NEAR(predict_ms(l, b, sw, m), 32.0, 1e-9);
+  for (auto& x : l) x.exec_ms = 20;
+  // Compute bound: the reads hide behind execution, 60 ms (the paper's: 10 + 60).
+  EXPECT_NEAR(simulate_ms(l, b, sw, 300, 0, m), 60.0, 1e-9);
+  EXPECT_NEAR(predict_ms(l, b, sw, m), 70.0, 1e-9);
+  // A resident block costs its execution only.
+  EXPECT_NEAR(simulate_ms(l, b, {1, 0, 0}, 200, 0, m), 60.0, 1e-9);
+}
+
+// Properties of the ring pipeline on random tables: never faster than the physical bound
+// (all execution, all reads), never slower with a larger ring, never slower than the paper's
+// cold pipeline for the same blocks in a two-ended arena.
+TEST(Partitioner, RingSimulationIsBoundedAndMonotone) {
+  std::mt19937 rng(17);
+  const CostModel m = io_heavy();
+  for (int trial = 0; trial < 300; ++trial) {
+    auto layers = random_layers(2 + trial % 30, rng);
+    const int L = static_cast<int>(layers.size());
+    Partition p;
+    p.blocks = equal_bytes_blocks(layers, 1 + trial % L);
+    for (size_t k = 0; k < p.blocks.size(); ++k) p.resident.push_back(rng() % 4 == 0);
+    evaluate(layers, m, &p);
+    double ex = 0, io = 0;
+    for (size_t k = 0; k < p.blocks.size(); ++k) {
+      for (int i = p.blocks[k].first; i <= p.blocks[k].second; ++i) ex += layers[i].exec_ms;
+      if (p.resident[k]) continue;
+      std::uint64_t bytes = 0;
+      for (int i = p.blocks[k].first; i <= p.blocks[k].second; ++i) bytes += layers[i].bytes;
+      io += m.alpha_ms_per_byte * static_cast<double>(bytes) + m.block_ms;
+    }
+    const std::uint64_t pair = std::max<std::uint64_t>(p.arena_bytes, 1);
+    const double two = simulate_ms(layers, p.blocks, p.resident, pair, 2, m);
+    double prev = simulate_ms(layers, p.blocks, p.resident, pair, 0, m);
+    EXPECT_GE(prev, std::max(ex, io) - 1e-9) << "trial " << trial;
+    EXPECT_LE(prev, two + 1e-9) << "trial " << trial << ": depth is free";
+    EXPECT_LE(two, predict_ms(layers, p.blocks, p.resident, m) + 1e-9) << "trial " << trial;
+    for (std::uint64_t ring = pair + 4096; ring < pair * 4; ring += pair / 3 + 4096) {
+      const double t = simulate_ms(layers, p.blocks, p.resident, ring, 0, m);
+      EXPECT_LE(t, prev + 1e-9) << "trial " << trial << " ring " << ring;
+      prev = t;
+    }
+  }
+}
+
+// The chosen ring plan: feasible, as predicted when re-evaluated, never slower than the best
+// paper-pipeline plan simulated with the same memory, and reading no fewer bytes than the bound.
+TEST(Partitioner, RingPlansFitAndBeatTheTwoBlockPipeline) {
+  std::mt19937 rng(23);
+  const CostModel m = io_heavy();
+  for (int trial = 0; trial < 150; ++trial) {
+    auto layers = random_layers(3 + trial % 25, rng);
+    const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
+    const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
+    Partition ring = optimal_partition(layers, cap, m);
+    PartitionOptions paper;
+    paper.read_ahead = ReadAhead::kPaper;
+    Partition old = optimal_partition(layers, cap, m, paper);
+    ASSERT_TRUE(ring.feasible && old.feasible) << "trial " << trial;
+    expect_well_formed(layers, ring, cap, m, "trial " + std::to_string(trial));
+    EXPECT_GE(ring.ring_bytes, ring.read_bytes ? ring.arena_bytes : 0) << "trial " << trial;
+    // The old plan, run with a ring of what its resident blocks leave.
+    Partition as_ring = old;
+    as_ring.ring_bytes = old.read_bytes ? cap - old.resident_bytes : 0;
+    evaluate(layers, m, &as_ring);
+    EXPECT_LE(ring.predicted_ms, as_ring.predicted_ms * 1.01 + 1e-9) << "trial " << trial;
+    EXPECT_GE(ring.read_bytes, min_read_bytes(layers, cap)) << "trial " << trial;
+  }
+}
+
+// min_read_bytes is a lower bound on every plan's bytes read, and tight on most small tables:
+// the exhaustive least (every cut, every resident flag that fits) is compared.
+TEST(Partitioner, LeastBytesReadIsALowerBound) {
+  std::mt19937 rng(29);
+  int tight = 0, trials = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int L = 2 + trial % 9;
+    auto layers = random_layers(L, rng);
+    const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
+    const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
+    std::uint64_t least = UINT64_MAX;
+    for (std::uint32_t cuts = 0; cuts < (1u << (L - 1)); ++cuts) {
+      Blocks blocks;
+      int first = 0;
+      for (int k = 0; k < L - 1; ++k) {
+        if (cuts & (1u << k)) {
+          blocks.emplace_back(first, k);
+          first = k + 1;
+        }
+      }
+      blocks.emplace_back(first, L - 1);
+      for (std::uint32_t flags = 0; flags < (1u << blocks.size()); ++flags) {
+        Partition c;
+        c.blocks = blocks;
+        for (size_t b = 0; b < blocks.size(); ++b) c.resident.push_back((flags >> b) & 1u);
+        evaluate(layers, CostModel{}, &c);
+        if (c.memory() <= cap) least = std::min(least, c.read_bytes);
+      }
+    }
+    const std::uint64_t bound = min_read_bytes(layers, cap);
+    ASSERT_NE(least, UINT64_MAX);
+    EXPECT_LE(bound, least) << "trial " << trial;
+    tight += bound == least;
+    ++trials;
+  }
+  std::printf("min_read_bytes equals the exhaustive least in %d of %d tables\n", tight, trials);
+  EXPECT_GT(tight, trials / 2);
 }
 
 TEST(PartitionTable, LookupMatchesAFreshSearchAtGridPoints) {
@@ -217,6 +349,7 @@ TEST(PartitionTable, PaperTableRowsAndLookup) {
   // The DP is at least as good as the paper's best row at the same capacity, without residency.
   PartitionOptions off;
   off.residency = false;
+  off.read_ahead = ReadAhead::kPaper;
   EXPECT_LE(optimal_partition(layers, cap, m, off).predicted_ms, p->predicted_ms + 1e-9);
 }
 
@@ -250,6 +383,7 @@ TEST(DeviceProfileFile, RoundTripsAndRefusesBadFields) {
   DeviceProfile p;
   p.threads = 3;
   p.raw_read_mb_s = 2500;
+  p.sustained_read_mb_s = 2400;
   p.cost.alpha_ms_per_byte = 1.0 / 2.5e6;
   p.cost.beta_ms_per_tensor = 0.001;
   p.cost.block_ms = 0.1;
@@ -262,6 +396,7 @@ TEST(DeviceProfileFile, RoundTripsAndRefusesBadFields) {
   EXPECT_EQ(q.threads, 3);
   EXPECT_DOUBLE_EQ(q.cost.alpha_ms_per_byte, p.cost.alpha_ms_per_byte);
   EXPECT_DOUBLE_EQ(q.cost.block_ms, 0.1);
+  EXPECT_DOUBLE_EQ(q.sustained_read_mb_s, 2400);
   EXPECT_EQ(q.exec_source, "flops");
   EXPECT_EQ(profile_mismatch(q, 3), "") << "saved here: matches this host and CPU";
   EXPECT_NE(profile_mismatch(q, 4).find("3 threads"), std::string::npos);
@@ -280,7 +415,7 @@ TEST(DeviceProfileFile, RoundTripsAndRefusesBadFields) {
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("'block_ms'"), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("bad.json"), std::string::npos) << bad.message();
-  bad = rewrite("\"version\": 2", "\"version\": 7");
+  bad = rewrite("\"version\": " + std::to_string(DeviceProfile::kVersion), "\"version\": 7");
   EXPECT_NE(bad.message().find("version 7"), std::string::npos) << bad.message();
   bad = rewrite("\"exec_source\": \"flops\"", "\"exec_source\": \"guess\"");
   EXPECT_NE(bad.message().find("exec_source"), std::string::npos) << bad.message();

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -100,6 +101,79 @@ double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, co
   return t + m.inference_ms;
 }
 
+const char* to_string(ReadAhead r) {
+  switch (r) {
+    case ReadAhead::kRing: return "ring";
+    case ReadAhead::kTwoEnded: return "two-ended";
+    default: return "paper";
+  }
+}
+
+double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
+                   std::uint64_t ring_bytes, int ring_depth, const CostModel& m) {
+  Prefix p(layers);
+  struct Item {
+    bool swapped;
+    std::uint64_t bytes;
+    double io, bind, ex, out;
+  };
+  std::vector<Item> items;
+  size_t swapped = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const auto [i, j] = blocks[b];
+    if (resident[b]) {
+      items.push_back(Item{false, 0, 0, 0, p.ex(i, j), 0});
+    } else {
+      items.push_back(Item{true, p.b(i, j), p.io(i, j, m), p.bind(i, j, m), p.ex(i, j), p.out(i, j, m)});
+      ++swapped;
+    }
+  }
+  const size_t n = items.size();
+  if (n == 0) return m.inference_ms;
+  if (swapped == 0) return p.ex(0, static_cast<int>(layers.size()) - 1) + m.inference_ms;
+  // Inferences played back to back; the last one's period is the steady state (the ring is
+  // then as full as it gets at an inference boundary).
+  constexpr size_t kInferences = 4;
+  const size_t total = kInferences * n;
+  std::vector<double> read_done(total, 0), finish(total, 0);
+  double t_compute = 0, t_read = 0;
+  double ends[kInferences] = {};
+  size_t next = 0;  // the next item the compute thread runs
+  auto compute_through = [&](size_t g) {
+    for (; next <= g; ++next) {
+      const Item& it = items[next % n];
+      if (next % n == 0) t_compute += m.inference_ms;
+      if (it.swapped) t_compute = std::max(t_compute, read_done[next]) + it.bind;
+      t_compute += it.ex + it.out;
+      finish[next] = t_compute;
+      if (next % n == n - 1) ends[next / n] = t_compute;
+    }
+  };
+  std::deque<size_t> held;  // swapped items read or being read, not yet executed
+  std::uint64_t held_bytes = 0;
+  for (size_t g = 0; g < total; ++g) {
+    const Item& it = items[g % n];
+    if (!it.swapped) continue;
+    // The read starts once the reader is free and the block fits next to those not yet
+    // executed (never two copies of one block: at most one inference ahead).
+    double room = 0;
+    while (!held.empty() && (held_bytes + it.bytes > ring_bytes || held.size() >= swapped ||
+                             (ring_depth > 0 && held.size() >= static_cast<size_t>(ring_depth)))) {
+      const size_t h = held.front();
+      compute_through(h);
+      room = std::max(room, finish[h]);
+      held_bytes -= items[h % n].bytes;
+      held.pop_front();
+    }
+    read_done[g] = std::max(t_read, room) + it.io;
+    t_read = read_done[g];
+    held.push_back(g);
+    held_bytes += it.bytes;
+  }
+  compute_through(total - 1);
+  return ends[kInferences - 1] - ends[kInferences - 2];
+}
+
 void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* part) {
   Prefix p(layers);
   part->arena_bytes = part->resident_bytes = part->read_bytes = 0;
@@ -116,7 +190,82 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
     prev = s;
     have_prev = true;
   }
-  part->predicted_ms = predict_ms(layers, part->blocks, part->resident, m);
+  part->predicted_ms = part->ring_bytes == 0
+                           ? predict_ms(layers, part->blocks, part->resident, m)
+                           : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m);
+}
+
+std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity) {
+  const int L = static_cast<int>(layers.size());
+  std::vector<std::uint64_t> pre(L + 1, 0);
+  for (int k = 0; k < L; ++k) pre[k + 1] = pre[k] + layers[k].bytes;
+  const std::uint64_t total = pre[L];
+  if (total <= capacity) return 0;
+  // Any plan whose consecutive swapped layers pair up to at most A bytes (A: a layer or a sum
+  // of two) needs a ring of A and keeps every layer larger than A resident, within
+  // capacity - A: it reads at least total - (the largest subset sum of layers within
+  // capacity - A that holds those). A is possible when the fewest resident bytes that keep every
+  // consecutive swapped pair within A (a DP over the last swapped layer) fit in capacity - A.
+  // The bound is the least over possible A (it ignores only which subsets leave swapped pairs
+  // within A).
+  std::vector<std::uint64_t> rings;
+  for (int i = 0; i < L; ++i) {
+    if (layers[i].bytes > capacity) continue;
+    rings.push_back(layers[i].bytes);
+    for (int j = i + 1; j < L; ++j) {
+      if (layers[i].bytes + layers[j].bytes <= capacity) rings.push_back(layers[i].bytes + layers[j].bytes);
+    }
+  }
+  std::sort(rings.begin(), rings.end());
+  rings.erase(std::unique(rings.begin(), rings.end()), rings.end());
+  // The largest sum of layers within `room` that includes every layer above `A`: a subset sum
+  // over pages (a bitset), or room itself where the bytes are not whole pages.
+  std::uint64_t unit = 4096;
+  for (const auto& l : layers) unit = l.bytes % unit == 0 ? unit : 1;
+  auto most_resident = [&](std::uint64_t A, std::uint64_t room) -> std::uint64_t {
+    std::uint64_t forced = 0;
+    for (const auto& l : layers) forced += l.bytes > A ? l.bytes : 0;
+    const std::uint64_t cells = room / unit + 1;
+    if (unit == 1 || cells > (1u << 22)) return room;
+    std::vector<std::uint64_t> bits((cells + 63) / 64, 0);
+    auto set = [&](std::uint64_t v) { bits[v / 64] |= 1ull << (v % 64); };
+    auto get = [&](std::uint64_t v) { return (bits[v / 64] >> (v % 64)) & 1u; };
+    if (forced > room) return 0;
+    set(forced / unit);
+    for (const auto& l : layers) {
+      if (l.bytes > A || l.bytes == 0) continue;
+      const std::uint64_t w = l.bytes / unit;
+      if (w >= cells) continue;
+      for (std::uint64_t v = cells - 1; v >= w; --v) {
+        if (get(v - w)) set(v);
+        if (v == w) break;
+      }
+    }
+    for (std::uint64_t v = cells; v-- > 0;) {
+      if (get(v)) return v * unit;
+    }
+    return 0;
+  };
+  constexpr std::uint64_t kNone = UINT64_MAX;
+  std::uint64_t least = total;
+  std::vector<std::uint64_t> dp(L);
+  for (std::uint64_t A : rings) {
+    // dp[j]: fewest resident bytes in layers [0, j) with j swapped and every pair so far within A.
+    std::uint64_t best = kNone;
+    for (int j = 0; j < L; ++j) {
+      dp[j] = kNone;
+      if (layers[j].bytes > A) continue;
+      dp[j] = pre[j];  // j is the first swapped layer
+      for (int i = 0; i < j; ++i) {
+        if (dp[i] == kNone || layers[i].bytes + layers[j].bytes > A) continue;
+        dp[j] = std::min(dp[j], dp[i] + (pre[j] - pre[i + 1]));
+      }
+      best = std::min(best, dp[j] + (pre[L] - pre[j + 1]));
+    }
+    if (best == kNone || A > capacity || best > capacity - A) continue;
+    least = std::min(least, total - most_resident(A, capacity - A));
+  }
+  return least;
 }
 
 std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers) {
@@ -275,11 +424,91 @@ Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::ui
   return best;
 }
 
+namespace {
+
+// The largest pair of consecutive swapped layers (resident ones skipped), a single swapped layer
+// alone: the least arena any partition with these resident layers needs.
+std::uint64_t finest_pair(const std::vector<LayerCost>& layers, const std::vector<char>& mask) {
+  std::uint64_t worst = 0, prev = 0;
+  bool have = false;
+  for (size_t k = 0; k < layers.size(); ++k) {
+    if (mask[k]) continue;
+    worst = std::max(worst, have ? prev + layers[k].bytes : layers[k].bytes);
+    prev = layers[k].bytes;
+    have = true;
+  }
+  return worst;
+}
+
+// Swapped blocks of about `target` bytes: runs of swapped layers cut greedily before the layer
+// that would take a block past it (a larger layer is a block of its own).
+Blocks greedy_swapped(const std::vector<LayerCost>& layers, const std::vector<char>& mask, std::uint64_t target) {
+  Blocks out;
+  const int L = static_cast<int>(layers.size());
+  int first = -1;
+  std::uint64_t acc = 0;
+  for (int k = 0; k < L; ++k) {
+    if (mask[k]) continue;
+    if (first >= 0 && acc > 0 && acc + layers[k].bytes > target) {
+      out.emplace_back(first, k - 1);
+      first = -1;
+    }
+    if (first < 0) {
+      first = k;
+      acc = 0;
+    }
+    acc += layers[k].bytes;
+    if (k + 1 == L || mask[k + 1]) {
+      out.emplace_back(first, k);
+      first = -1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t capacity, const CostModel& m,
                             const PartitionOptions& options) {
   const int L = static_cast<int>(layers.size());
   std::vector<Partition> found;
   std::set<std::vector<char>> tried;
+  // Every partition worth trying for one set of resident layers.
+  auto try_mask = [&](const std::vector<char>& mask) {
+    std::uint64_t resident = 0;
+    for (int k = 0; k < L; ++k) resident += mask[k] ? layers[k].bytes : 0;
+    if (resident > capacity || finest_pair(layers, mask) > capacity - resident) return;
+    Partition dp = optimal_partition_for(layers, mask, capacity, m);
+    if (options.read_ahead == ReadAhead::kPaper) {
+      if (dp.feasible) found.push_back(std::move(dp));
+      return;
+    }
+    // The ring gets what the resident layers leave; the paper DP's cuts and equal-byte cuts of
+    // several sizes compete by simulation.
+    const std::uint64_t room = capacity - resident;
+    std::vector<Blocks> swapped_sets;
+    if (dp.feasible) {
+      Blocks sw;
+      for (size_t b = 0; b < dp.blocks.size(); ++b) {
+        if (!dp.resident[b]) sw.push_back(dp.blocks[b]);
+      }
+      swapped_sets.push_back(std::move(sw));
+    }
+    for (int parts : {2, 3, 4, 6, 8, 12, 16, 24, 32}) swapped_sets.push_back(greedy_swapped(layers, mask, room / parts));
+    Partition best;
+    for (const Blocks& sw : swapped_sets) {
+      Partition c;
+      assemble(mask, sw, &c);
+      c.ring_depth = options.read_ahead == ReadAhead::kTwoEnded ? 2 : 0;
+      evaluate(layers, m, &c);  // arena_bytes first: the two-ended ring is just that
+      if (c.arena_bytes > room) continue;
+      c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;
+      evaluate(layers, m, &c);
+      c.feasible = true;
+      if (!best.feasible || c.predicted_ms < best.predicted_ms - 1e-12) best = std::move(c);
+    }
+    if (best.feasible) found.push_back(std::move(best));
+  };
   auto consider = [&](std::vector<char> mask) {
     // A weightless layer between resident neighbours (or the model's ends) is resident too, so
     // it does not split a resident run into a swapped block of nothing.
@@ -292,25 +521,28 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       if (left && right && (a >= 0 || b < L)) mask[k] = 1;
     }
     if (!tried.insert(mask).second) return;
-    Partition p = optimal_partition_for(layers, mask, capacity, m);
-    if (p.feasible) found.push_back(std::move(p));
+    try_mask(mask);
   };
   if (L == 0) return Partition{};
   consider(std::vector<char>(L, 0));
   if (options.residency) {
     consider(std::vector<char>(L, 1));
     // Candidate orders: a prefix of the model (its fetch is never hidden); the layers with the
-    // most bytes per millisecond of compute (their fetch is the hardest to hide).
-    std::vector<int> prefix(L), heavy;
+    // most bytes per millisecond of compute (their fetch is the hardest to hide); the largest
+    // layers (they shrink the least ring the rest needs, so the most bytes stay resident).
+    std::vector<int> prefix(L), heavy, largest;
     for (int k = 0; k < L; ++k) {
       prefix[k] = k;
       if (layers[k].bytes) heavy.push_back(k);
     }
+    largest = heavy;
     std::stable_sort(heavy.begin(), heavy.end(), [&](int a, int b) {
       return static_cast<double>(layers[a].bytes) / (layers[a].exec_ms + 1e-6) >
              static_cast<double>(layers[b].bytes) / (layers[b].exec_ms + 1e-6);
     });
-    for (const auto* order : {&prefix, &heavy}) {
+    std::stable_sort(largest.begin(), largest.end(), [&](int a, int b) { return layers[a].bytes > layers[b].bytes; });
+    for (const auto* order : {&prefix, &heavy, &largest}) {
+      if (order == &largest && options.read_ahead == ReadAhead::kPaper) break;
       for (int f = 1; f < 16; ++f) {
         const double target = static_cast<double>(capacity) * f / 16.0;
         std::vector<char> mask(L, 0);
@@ -322,6 +554,17 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
         }
         consider(std::move(mask));
       }
+      if (options.read_ahead == ReadAhead::kPaper) continue;
+      // The most of this order that still leaves room to swap the rest: the fewest bytes read.
+      std::vector<char> mask(L, 0), best_mask;
+      std::uint64_t acc = 0;
+      for (int k : *order) {
+        if (acc + layers[k].bytes > capacity) break;
+        acc += layers[k].bytes;
+        mask[k] = 1;
+        if (finest_pair(layers, mask) <= capacity - acc) best_mask = mask;
+      }
+      if (!best_mask.empty()) consider(std::move(best_mask));
     }
   }
   if (found.empty()) return Partition{};
@@ -520,6 +763,7 @@ Status save_profile(const std::string& path, const DeviceProfile& p) {
                       {"created", p.created},
                       {"image", p.image},
                       {"raw_read_mb_s", p.raw_read_mb_s},
+                      {"sustained_read_mb_s", p.sustained_read_mb_s},
                       {"alpha_ms_per_byte", p.cost.alpha_ms_per_byte},
                       {"beta_ms_per_tensor", p.cost.beta_ms_per_tensor},
                       {"block_ms", p.cost.block_ms},
@@ -582,6 +826,7 @@ Status load_profile(const std::string& path, DeviceProfile* out) {
   }
   for (auto [key, v, pos] : {std::tuple<const char*, double*, bool>{"threads", &threads, true},
                              {"raw_read_mb_s", &p.raw_read_mb_s, true},
+                             {"sustained_read_mb_s", &p.sustained_read_mb_s, true},
                              {"alpha_ms_per_byte", &p.cost.alpha_ms_per_byte, true},
                              {"beta_ms_per_tensor", &p.cost.beta_ms_per_tensor, false},
                              {"block_ms", &p.cost.block_ms, false},

@@ -1,26 +1,38 @@
-// swapnet/partitioner.h — where to cut a model into blocks, which blocks to keep resident, and
-// the device cost model that predicts the result: pure arithmetic over the layer table (no torch,
-// no I/O). docs/partitioner.md has the derivation and the measured errors.
+// swapnet/partitioner.h — where to cut a model into blocks, which blocks to keep resident, how
+// far to read ahead, and the device cost model that predicts the result: pure arithmetic over
+// the layer table (no torch, no I/O). docs/partitioner.md has the derivation and the measured
+// errors.
 //
 // A partition is a sequence of blocks of consecutive layers; each block is either swapped (read
-// into the two-ended arena every inference, released after it runs) or resident (read once,
-// kept). While swapped block s_k executes, the next swapped block s_{k+1} is fetched (the
-// paper's two-block pipeline, Eq. 4), so with t_io = alpha*bytes + block_ms (the read),
-// t_bind = beta*tensors (assembly by reference, on the compute thread), t_out = eta*tensors
-// (swap-out) and t_ex the execution time:
-//   start(s_1)     = max(t_ex(resident prefix), t_io(s_1))
-//   start(s_{k+1}) = start(s_k) + t_bind(s_k) + max(t_ex(s_k) + t_out(s_k) + t_ex(resident gap), t_io(s_{k+1}))
-//   T              = start(s_last) + t_bind + t_ex + t_out of s_last + t_ex(resident suffix)
-//                    + inference_ms
-// Memory: resident bytes + the arena, where the arena holds the largest pair of consecutive
-// swapped blocks (a single swapped block alone). A partition fits a capacity C when that sum is
-// <= C. With a fixed set of resident layers, optimal_partition_for() finds the minimum-T
-// partition of the swapped layers exactly (dynamic programming over (previous block, block),
-// O(L^3)); tests compare it with exhaustive search. optimal_partition() also chooses the resident
-// layers, among candidate sets (a prefix of the model; the layers with the most bytes per
-// millisecond of compute), by prediction.
+// every inference, released after it runs) or resident (read once, kept). With
+// t_io = alpha*bytes + block_ms (the read), t_bind = beta*tensors (assembly by reference, on the
+// compute thread), t_out = eta*tensors (swap-out) and t_ex the execution time, two pipelines are
+// predicted:
+//
+//  * The paper's (Eq. 4; ring_bytes == 0): while swapped block s_k executes, s_{k+1} is fetched
+//    into the other end of a two-ended arena, one inference at a time:
+//      start(s_1)     = max(t_ex(resident prefix), t_io(s_1))
+//      start(s_{k+1}) = start(s_k) + t_bind(s_k) + max(t_ex(s_k) + t_out(s_k) + t_ex(resident gap), t_io(s_{k+1}))
+//      T              = start(s_last) + t_bind + t_ex + t_out of s_last + t_ex(resident suffix) + inference_ms
+//    Memory: resident bytes + the arena (the largest pair of consecutive swapped blocks). With a
+//    fixed set of resident layers, optimal_partition_for() finds the minimum-T partition exactly
+//    (dynamic programming over (previous block, block), O(L^3)); tests compare it with
+//    exhaustive search.
+//  * The read-ahead ring (ring_bytes > 0; what the executor runs): swapped blocks are read in
+//    order, back to back, into a ring of ring_bytes as soon as each fits next to the blocks not
+//    yet executed (ring_depth 2: at most two blocks, the two-ended arena), and the reader goes
+//    on into the next inference's first blocks, so in a closed loop the disk never waits for an
+//    inference boundary. simulate_ms() plays that pipeline event by event and returns the
+//    steady-state latency of back-to-back inferences. Memory: resident bytes + ring_bytes.
+//
+// optimal_partition() chooses the resident layers, the cuts and the ring together: for candidate
+// resident sets (none; prefixes; the layers with the most bytes per millisecond; the largest
+// layers; each at fractions of the capacity and at the most that still leaves room to swap the
+// rest) it tries the paper DP's cuts and equal-byte cuts at several block sizes, gives the ring
+// whatever the resident blocks leave, and keeps the best prediction.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -54,17 +66,31 @@ struct Partition {
   Blocks blocks;
   std::vector<char> resident;          // per block: 1 = read once and kept
   double predicted_ms = 0;
-  std::uint64_t arena_bytes = 0;       // largest pair of consecutive swapped blocks
+  std::uint64_t arena_bytes = 0;       // largest pair of consecutive swapped blocks (the least ring)
   std::uint64_t resident_bytes = 0;
   std::uint64_t read_bytes = 0;        // bytes read per inference (the swapped blocks)
-  std::uint64_t memory() const { return arena_bytes + resident_bytes; }
+  // The read-ahead ring for swapped blocks (>= arena_bytes), or 0 for the paper's two-block
+  // pipeline; ring_depth 0: as many blocks as fit, 2: two at most (two-ended arena).
+  std::uint64_t ring_bytes = 0;
+  int ring_depth = 0;
+  std::uint64_t memory() const { return std::max(arena_bytes, ring_bytes) + resident_bytes; }
 };
 
-// Predicted latency of one inference (the formula above). `resident` has one flag per block.
+// Predicted latency of one inference in the paper's pipeline (the formula above). `resident`
+// has one flag per block.
 SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                               const std::vector<char>& resident, const CostModel& m);
-// Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks and flags.
+// Steady-state latency of back-to-back inferences with a read-ahead ring of `ring_bytes`
+// (depth 0: unlimited, 2: two blocks), played event by event (the ring pipeline above).
+SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
+                               const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
+                               const CostModel& m);
+// Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
+// ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
+// A lower bound on the bytes any partition fitting `capacity` reads per inference (a relaxation:
+// a ring at least as large as the largest swapped layer, every other byte resident if it fits).
+SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity);
 // The smallest memory any partition needs: the largest pair of adjacent layers (the finest
 // partition), or the whole model when that is smaller (tiny models).
 SWAPNET_API std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers);
@@ -83,13 +109,24 @@ SWAPNET_API Partition exhaustive_partition_for(const std::vector<LayerCost>& lay
 SWAPNET_API Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::uint64_t capacity,
                                                const CostModel& m);
 
+// How swapped blocks are read ahead (what the executor will run).
+enum class ReadAhead {
+  kRing,      // a ring of whatever the resident blocks leave, as deep as it holds (host memory)
+  kTwoEnded,  // the same pipeline with two blocks at most (memory the GPU reads in place)
+  kPaper,     // the paper's two-block pipeline, one inference at a time (predict_ms)
+};
+
+SWAPNET_API const char* to_string(ReadAhead r);  // "ring", "two-ended", "paper"
+
 struct PartitionOptions {
   bool residency = true;  // false: every block swapped every inference (the paper)
+  ReadAhead read_ahead = ReadAhead::kRing;
   // Among candidates within this fraction of the fastest prediction, take the one that reads the
   // fewest bytes per inference (resident bytes cost no time once loaded).
   double tolerance = 0.01;
 };
-// The best partition fitting `capacity` (infeasible below min_arena_bytes()).
+// The best partition fitting `capacity` (infeasible below min_arena_bytes()): resident layers,
+// cuts and (but for kPaper) the ring, chosen together by prediction.
 SWAPNET_API Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t capacity,
                                         const CostModel& m, const PartitionOptions& options = {});
 
@@ -136,25 +173,31 @@ SWAPNET_API std::vector<double> fit_nonnegative(const std::vector<std::vector<do
 
 // What `swapnet profile` measured on this device, and where.
 struct DeviceProfile {
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   int version = kVersion;
   std::string host;          // uname nodename
   std::string cpu;           // /proc/cpuinfo model name
   int threads = 0;           // intra-op threads it was measured with
   std::string created;       // UTC, ISO 8601
   std::string image;         // the image it measured with
-  double raw_read_mb_s = 0;  // sequential O_DIRECT reads of that image
-  CostModel cost;            // fitted alpha, beta, block_ms, eta; block_ms and inference_ms
-                             // then calibrated on whole swapped runs (pipeline_* below)
+  double raw_read_mb_s = 0;  // one sequential O_DIRECT pass over that image
+  // The same, a second pass straight after the first: what a disk that is kept busy delivers
+  // (throttled and flash storage read faster after idling). alpha is 1 / this rate.
+  double sustained_read_mb_s = 0;
+  CostModel cost;            // alpha from the sustained rate, beta and eta fitted to binding and
+                             // unbinding, block_ms and inference_ms calibrated on whole swapped
+                             // runs (pipeline_* below)
   double gamma_ms_per_flop = 0;
-  // Relative errors of the fits on the samples they were fitted to (median |pred - meas| / meas).
+  // Relative errors (median |pred - meas| / meas) on the samples: t_in of isolated reads of
+  // random layer ranges + binding them (reads after idle may beat the sustained rate), t_out.
   double t_in_error = 0, t_out_error = 0;
   // Predicting blocks' execution time from gamma*FLOPs vs from the image's measured per-layer
   // times; `exec_source` names the better one ("measured" or "flops").
   double exec_error_flops = 0, exec_error_measured = 0;
   std::string exec_source = "measured";
-  // Whole swapped runs of the DP's partitions for several per-block costs (coarse to fine):
-  // block_ms and inference_ms refitted to them (block_ms = isolated fit + pipeline_extra_block_ms).
+  // Whole swapped runs of the planner's plans for several per-block costs, against the ring
+  // pipeline's prediction (simulate_ms): block_ms and inference_ms fitted to them
+  // (block_ms = the isolated reads' fixed cost + pipeline_extra_block_ms).
   double pipeline_extra_block_ms = 0;  // may be negative
   double pipeline_error = 0;  // after calibration, on those runs
   // In-memory latency measured alongside, and the execution time the image predicts: their
