@@ -60,8 +60,10 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
   }
   EXPECT_LE(memory_stats().peak, p.arena_bytes + p.resident_bytes) << "never more than the arenas placed";
   EXPECT_EQ(p.read_bytes + p.resident_bytes, info.data_size);
-  EXPECT_EQ(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes)
-      << "resident blocks read once, every swapped block once per inference";
+  // Resident blocks read once, every swapped block once per inference; the ring may already
+  // hold the next inference's first blocks.
+  EXPECT_GE(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes);
+  EXPECT_LE(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes + p.arena_bytes);
 }
 
 // --device cuda: where the libtorch or the GPU is missing, open says which, naming the image;
@@ -105,7 +107,8 @@ TEST(Executor, ResidentBlocksAreReadOnceAndStayBitIdentical) {
     Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
     EXPECT_TRUE(c.equal) << c.difference;
   }
-  EXPECT_EQ(ex->bytes_read(), p.resident_bytes + 3 * p.read_bytes);
+  EXPECT_GE(ex->bytes_read(), p.resident_bytes + 3 * p.read_bytes);
+  EXPECT_LE(ex->bytes_read(), p.resident_bytes + 3 * p.read_bytes + p.arena_bytes) << "read ahead: one ring at most";
   o.resident = {7};
   EXPECT_NE(error_of([&] { Executor::open(pk.img, o); }).find("resident block 7 is not one of"), std::string::npos);
   ex.reset();  // memory_stats() is process-wide

@@ -58,13 +58,13 @@ struct BlockRing::Impl {
   }
 };
 
-std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind) {
+std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind, bool mirror) {
   capacity = page_up(capacity);
   if (capacity == 0) throw Error("block ring: capacity must be positive");
   auto impl = std::make_unique<Impl>();
   impl->capacity = capacity;
   const bool host = kind == MemoryKind::kHost || (kind == MemoryKind::kManaged && !cuda_device().usable);
-  if (host) {
+  if (host && mirror) {
     std::string why;
     int fd = ::memfd_create("swapnet-ring", MFD_CLOEXEC);
     if (fd < 0) {

@@ -36,10 +36,12 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <atomic>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -206,12 +208,24 @@ Blocks from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std:
 // One block is kept resident (read once), as before partitions had flags.
 std::vector<char> default_flags(const Blocks& blocks) { return std::vector<char>(blocks.size(), blocks.size() == 1); }
 
+// The pipeline an executor with these options runs: a mirrored ring needs host memory.
+ReadAhead effective_read_ahead(const ExecutorOptions& o) {
+  if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
+  const bool host = o.device == ExecutorOptions::Device::kCPU && (o.memory == MemoryKind::kHost || !cuda_device().usable);
+  return host && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
+}
+
+// The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
+// pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
+// the largest consecutive pair for the two-block pipelines.
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
-                          const std::vector<LayerCost>& costs, const CostModel& m) {
+                          const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
+                          std::uint64_t budget) {
   ExecutionPlan p;
   Partition part;
   part.blocks = blocks;
   part.resident = resident;
+  part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
   evaluate(costs, m, &part);
   p.blocks = std::move(blocks);
   p.resident = std::move(resident);
@@ -220,12 +234,24 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
     for (int k = first; k <= last; ++k) bytes += info.layers[k].size;
     p.block_bytes.push_back(bytes);
   }
-  p.arena_bytes = part.arena_bytes;
+  p.read_ahead = ra;
+  p.pair_bytes = part.arena_bytes;
   p.resident_bytes = part.resident_bytes;
   p.read_bytes = part.read_bytes;
-  p.predicted_ms = part.predicted_ms;
   p.activation_bytes = info.activation_bytes;
   p.pinned_bytes = pinned_bytes(info, sk, block_of_layer(info, p.blocks), p.resident, nullptr);
+  std::uint64_t ring = p.pair_bytes;
+  const std::uint64_t fixed = p.activation_bytes + p.pinned_bytes + p.resident_bytes;
+  if (ra == ReadAhead::kRing && p.read_bytes > 0 && budget > fixed) {
+    // Whole pages: the ring is mapped in pages, and what it maps is what it holds.
+    ring = std::max(ring, std::min(p.read_bytes, (budget - fixed) / kImageAlign * kImageAlign));
+  }
+  p.arena_bytes = p.read_bytes == 0 ? 0 : ring;
+  if (ra != ReadAhead::kPaper && p.read_bytes > 0) {
+    part.ring_bytes = std::max<std::uint64_t>(ring, 1);
+    evaluate(costs, m, &part);
+  }
+  p.predicted_ms = part.predicted_ms;
   return p;
 }
 
@@ -236,21 +262,22 @@ std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk) {
   Blocks finest;
   for (int k = 0; k < L; ++k) finest.emplace_back(k, k);
   const CostModel m;
-  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m);
+  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m, ReadAhead::kPaper, 0);
   // The finest partition minimises the largest adjacent pair; one block may still be smaller
   // (a one- or two-layer model).
-  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m);
+  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m, ReadAhead::kPaper, 0);
   return std::min(p.total(), one.total());
 }
 
-// The partitioner plans the arena and the resident blocks; the rest of the budget holds
+// The partitioner plans the ring and the resident blocks; the rest of the budget holds
 // activations and pinned shared weights, reserved at the finest partition's pinned bytes (an
 // upper bound: coarser blocks and resident blocks pin fewer).
 std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o) {
   Blocks finest;
   for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
   std::vector<char> none(finest.size(), 0);
-  ExecutionPlan p = finish_plan(info, sk, std::move(finest), std::move(none), layer_costs(info, o), o.cost);
+  ExecutionPlan p = finish_plan(info, sk, std::move(finest), std::move(none), layer_costs(info, o), o.cost,
+                                ReadAhead::kPaper, 0);
   return p.activation_bytes + p.pinned_bytes;
 }
 
@@ -264,8 +291,11 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   if (info.layers.empty()) throw Error(origin + ": the image has no layers");
   const int L = static_cast<int>(info.layers.size());
   const std::vector<LayerCost> costs = layer_costs(info, o);
+  const ReadAhead ra = effective_read_ahead(o);
   auto done = [&](ExecutionPlan p) {
     p.min_budget = minimum;
+    p.min_read_bytes =
+        min_read_bytes(costs, o.budget > info.activation_bytes ? o.budget - info.activation_bytes : 0);
     return p;
   };
   if (!o.partition.empty() || o.blocks > 0) {
@@ -278,7 +308,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       }
       flags[r] = 1;
     }
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost);
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget);
     if (p.total() > o.budget) {
       throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
                       format_bytes(p.total()) + ")");
@@ -291,9 +321,10 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
     if (o.budget > reserve) {
       PartitionOptions po;
       po.residency = o.residency;
+      po.read_ahead = ra;
       Partition best = optimal_partition(costs, o.budget - reserve, o.cost, po);
       if (best.feasible) {
-        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost);
+        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget);
         if (p.total() <= o.budget) return done(std::move(p));
       }
     }
@@ -303,7 +334,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   for (int n = 1; n <= L; ++n) {
     Blocks blocks = equal_bytes_blocks(costs, n);
     std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost);
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget);
     if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.
@@ -338,6 +369,34 @@ void require_cuda(const std::string& origin) {
   if (!cuda_device().usable) throw Error(origin + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
 }
 
+// Note [Read-ahead ring]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The reader walks the plan's blocks in order, cyclically, with a cursor: a swapped block is
+// submitted as soon as it fits in the ring (BlockRing, Note [Block ring]) next to the blocks not
+// yet executed; a resident block not yet read is submitted into its place in the resident arena
+// (read once, in disk order, overlapping execution like any other block). After the last block
+// the cursor wraps to the first block of the *next* inference and goes on until it reaches the
+// block the current inference is executing (so the ring never holds two copies of a block, and
+// the reader is never more than one inference ahead): in a closed loop the disk does not wait
+// for an inference boundary, and between inferences it fills the ring for the next one. The
+// compute side takes the submitted reads in the same order (`fetches`): waits for a block,
+// binds it by reference, runs its layers, unbinds it and pops it from the ring, which lets the
+// cursor submit more. Every budget is a promise: the ring, resident and pinned bytes are the
+// plan's, whatever is in flight.
+//
+// Resumable inference: `run` holds the activations between layers; `cur` is the block being
+// executed and `bound` says whether its weights are bound (a step interrupted inside a block).
+// A budget change during an inference (set_budget between steps) cancels the reads in flight
+// and waits for the pieces already issued (BlockReader::cancel), drops everything read ahead,
+// frees the old ring and resident arena (their pages go back at once), adopts the new plan and
+// puts the cursor at the next layer: the block of the new plan containing it is read from that
+// layer on (a *trimmed* block; from the first layer owning a weight it reads, so shared weights
+// inside the block come along), and the inference goes on. The reads dropped are the price of
+// giving memory back within one layer.
+//
+// GPU: kernels run asynchronously, so a swapped block's ring space is popped only once an event
+// recorded behind its kernels has completed (`gpu_pending`); the cursor waits for the oldest such
+// event when the next block does not fit otherwise. The ring there is two-ended (two blocks).
 struct Executor::Impl {
   std::string path;
   ImageInfo info;
@@ -345,10 +404,11 @@ struct Executor::Impl {
   ExecutorOptions opt;
   ExecutionPlan plan;
   std::unique_ptr<BlockReader> reader;
-  std::unique_ptr<Arena> arena;      // swapped blocks, two-ended
+  std::unique_ptr<BlockRing> ring;   // swapped blocks in flight and executing
   std::unique_ptr<Arena> kept;       // resident blocks, one after another
   std::vector<std::uint64_t> kept_at;  // per block: its offset in `kept` (resident blocks)
-  std::vector<int> swapped;          // indices of the swapped blocks, in order
+  enum class Kept : char { kNone, kLoading, kLoaded };
+  std::vector<Kept> kept_state;        // per block (resident ones)
   std::unique_ptr<PartitionTable> grid;  // ExecutorOptions::grid_step
   std::uint64_t grid_reserve = 0;        // budget - capacity the grid was built for
   std::vector<int> pinned;           // slot indices kept resident
@@ -356,62 +416,113 @@ struct Executor::Impl {
   std::vector<at::Tensor> pinned_views;
   std::vector<bool> verified;  // per layer: its checksum has passed once since open
   double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
-  std::uint64_t bound = 0;      // tensors bound by it
-  bool resident_loaded = false;
+  std::uint64_t bound_tensors = 0;  // tensors bound by it
   bool released = false;        // Executor::release(): nothing held until the next set_budget
   std::uint64_t kept_bytes = 0;   // resident blocks' arena
   std::uint64_t pinned_need = 0;  // pinned slots' buffer
   std::uint64_t weight_peak = 0;  // Executor::weight_memory().peak
+  std::uint64_t used_bytes = 0;   // Executor::bytes_used()
+  bool cross_inference = true;    // the cursor reads on into the next inference (not kPaper)
+
+  // Reads submitted, in cursor order (Note [Read-ahead ring]).
+  struct Fetch {
+    int block = 0;
+    int first = 0, last = 0;     // layers read (first > the block's first: trimmed)
+    std::uint64_t bytes = 0;
+    char* at = nullptr;          // CPU address
+    BlockReader::Ticket ticket = 0;
+    bool resident = false;       // into `kept`
+    bool next = false;           // for the next inference
+  };
+  std::deque<Fetch> fetches;
+  int rd_block = 0;      // the cursor: next block to consider
+  int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
+  bool rd_next = false;  // the cursor is in the next inference
+
+  // The inference in progress.
+  std::unique_ptr<Skeleton::Run> run;
+  int cur = 0;         // block executing (or next to execute)
+  bool bound = false;  // cur's weights are bound (a step stopped inside it)
+  Fetch cur_fetch;     // what cur was read as (swapped, or a resident block loading)
+  bool cur_from_fetch = false;
+  std::atomic<bool> yield{false};
+
   // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
   bool cuda = false;
   c10::Device device{c10::DeviceType::CPU};
-  std::unique_ptr<c10::Event> done[2];  // per arena end: the kernels of the block placed there
+  std::deque<std::unique_ptr<c10::Event>> gpu_pending;  // per executed swapped block not yet popped
   std::unique_ptr<Arena> pinned_gpu;    // pinned slots, where the GPU can read them
 
-  // The address the layers read for `p` in `a` (the GPU's view of registered memory).
-  void* dev(const Arena& a, void* p) const { return a.device_base() + (static_cast<char*>(p) - a.base()); }
   c10::Stream stream() const { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device); }
-  // Kernels reading arena end `e` have been queued: remember where they end.
-  void record_end(int e) {
-    if (!done[e]) done[e] = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
-    done[e]->record(stream());
+  // Pops the ring entries of executed blocks whose kernels are done (all of them, waiting, if
+  // `wait`; only the oldest one, waiting, if `one`).
+  void reclaim(bool wait, bool one = false) {
+    while (!gpu_pending.empty()) {
+      if (!gpu_pending.front()->query()) {
+        if (!wait) return;
+        while (!gpu_pending.front()->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      gpu_pending.pop_front();
+      ring->pop();
+      if (one) return;
+    }
   }
-  // Before the reader writes into end `e`: its previous block's kernels must have finished.
-  void wait_end(int e) const {
-    if (!cuda || !done[e]) return;
-    while (!done[e]->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  // Nothing queued on the GPU reads any block: before arenas are resized, re-read or freed.
-  void gpu_idle() const {
+  // Nothing queued on the GPU reads any block: before the ring is resized, re-read or freed.
+  void gpu_idle() {
     if (!cuda) return;
-    wait_end(0);
-    wait_end(1);
+    if (ring) reclaim(true);
     c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
   }
+  char* dev(const BlockRing& r, char* p) const { return r.device_address(p); }
+  char* dev(const Arena& a, char* p) const { return a.device_base() + (p - a.base()); }
 
-  // The checks block b's fetch must make under the verify policy.
-  std::vector<BlockReader::Check> checks_for(size_t b) const {
+  std::uint64_t offset(int layer) const { return info.layers[layer].offset; }
+  std::uint64_t span(int first, int last) const {
+    return info.layers[last].offset + info.layers[last].size - info.layers[first].offset;
+  }
+  // The checks a read of layers [first, last] must make under the verify policy.
+  std::vector<BlockReader::Check> checks_for(int first, int last) const {
     std::vector<BlockReader::Check> c;
     if (opt.verify == ExecutorOptions::Verify::kNever) return c;
-    for (int k = plan.blocks[b].first; k <= plan.blocks[b].second; ++k) {
+    for (int k = first; k <= last; ++k) {
       const ImageLayer& L = info.layers[k];
       if (L.size == 0 || (opt.verify == ExecutorOptions::Verify::kFirst && verified[k])) continue;
       c.push_back({L.offset, L.size, L.checksum, "layer " + std::to_string(k) + " (" + L.name + ")"});
     }
     return c;
   }
-  // Weights in use now: the arena ends placed, resident blocks, pinned slots.
-  void note_in_use() {
-    if (!arena) return;
-    weight_peak = std::max(weight_peak, arena->placed(false) + arena->placed(true) + kept_bytes + pinned_need);
+  void mark_verified(int first, int last) {
+    for (int k = first; k <= last; ++k) verified[k] = true;
   }
-  void mark_verified(size_t b) {
-    for (int k = plan.blocks[b].first; k <= plan.blocks[b].second; ++k) verified[k] = true;
+  // Weights in use now: blocks in the ring, resident blocks, pinned slots.
+  void note_in_use() {
+    if (!ring && !kept) return;
+    weight_peak = std::max(weight_peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
+  }
+  // The first layer a read of block b from layer k must start at: the lowest layer in the block
+  // that owns a weight read by layers k.. of it (weights shared within a block are not pinned).
+  int first_needed(int b, int k) const {
+    const auto [first, last] = plan.blocks[b];
+    int f = k;
+    for (int l = k; l <= last; ++l) {
+      for (int s : sk.layers()[l].used_slots) {
+        const int owner = sk.slots()[s].layer;
+        if (owner >= first && owner < f) f = owner;
+      }
+    }
+    return f;
+  }
+
+  // Where weightless blocks' views point (they have no bytes, but need an address).
+  static char* zero_page() {
+    alignas(4096) static char page[4096];
+    return page;
   }
 
   Impl(std::string p, ImageInfo i, Skeleton s) : path(std::move(p)), info(std::move(i)), sk(std::move(s)) {}
   ~Impl() {
     try {
+      drain();
       gpu_idle();
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
@@ -430,35 +541,126 @@ struct Executor::Impl {
   void rebind_pinned() {
     for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
   }
-  void bind_resident() {
-    for (size_t b = 0; b < plan.blocks.size(); ++b) {
-      if (!plan.resident[b]) continue;
-      sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, dev(*kept, kept->base() + kept_at[b]), offset(b), device);
-    }
+  void bind_range(int first, int last, char* at) {
+    auto t0 = std::chrono::steady_clock::now();
+    sk.bind_layers(first, last, at, offset(first), device);
+    bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int k = first; k <= last; ++k) bound_tensors += sk.layers()[k].slots.size();
   }
-  // Reads every resident block (once per plan) and binds it.
-  void load_resident() {
+  // Binds every resident block read whole.
+  void bind_loaded() {
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
-      if (!plan.resident[b] || plan.block_bytes[b] == 0) continue;
-      Status s = reader->read(offset(b), plan.block_bytes[b], kept->base() + kept_at[b], checks_for(b));
-      if (!s.ok()) throw Error(s.message() + " (resident block " + std::to_string(b) + ")");
-      mark_verified(b);
-      if (cuda && kept->kind() == MemoryKind::kManaged) gpu_prefetch(kept->base() + kept_at[b], plan.block_bytes[b]);
+      if (plan.resident[b] && kept_state[b] == Kept::kLoaded) {
+        char* at = plan.block_bytes[b] > 0 ? dev(*kept, kept->base() + kept_at[b]) : zero_page();
+        sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, at, offset(plan.blocks[b].first), device);
+      }
     }
-    bind_resident();
     rebind_pinned();
-    resident_loaded = true;
-    note_in_use();
   }
 
-  std::uint64_t offset(size_t b) const { return info.layers[plan.blocks[b].first].offset; }
+  // ---- the reader's cursor ----
+  void advance() {
+    rd_first = -1;
+    if (++rd_block == static_cast<int>(plan.blocks.size())) {
+      rd_block = 0;
+      rd_next = true;
+    }
+  }
+  // Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
+  // for the kernels of executed blocks but the newest (which may be running now) to free space.
+  void pump(bool may_wait = false) {
+    if (released || plan.blocks.empty()) return;
+    const int n = static_cast<int>(plan.blocks.size());
+    for (int guard = 0; guard < 2 * n + 2; ++guard) {
+      if (rd_next && (!cross_inference || rd_block >= cur)) return;
+      const int b = rd_block;
+      const auto [bf, bl] = plan.blocks[b];
+      const int first = rd_first >= 0 ? rd_first : bf;
+      Fetch f;
+      f.block = b;
+      f.first = first;
+      f.last = bl;
+      f.bytes = span(first, bl);
+      f.next = rd_next;
+      if (plan.resident[b]) {
+        if (kept_state[b] != Kept::kNone) {
+          advance();
+          continue;
+        }
+        f.resident = true;
+        f.at = f.bytes > 0 ? kept->base() + kept_at[b] + (offset(first) - offset(bf)) : zero_page();
+        if (first == bf) kept_state[b] = Kept::kLoading;
+      } else if (f.bytes > 0) {
+        if (cuda) reclaim(false);
+        while (may_wait && !ring->fits(f.bytes) && gpu_pending.size() > 1) reclaim(true, true);
+        if (!ring->fits(f.bytes)) return;
+        f.at = static_cast<char*>(ring->push(f.bytes));
+        if (f.at == nullptr) throw Error(path + ": internal: block " + std::to_string(b) + " does not fit the ring");
+      }
+      if (f.bytes > 0) {
+        f.ticket = reader->submit(offset(first), f.bytes, f.at, checks_for(first, bl));
+      } else {
+        f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
+      }
+      fetches.push_back(f);
+      note_in_use();
+      advance();
+    }
+  }
+  // Cancels every read submitted and waits for the pieces already issued; releases the ring's
+  // blocks. Resident blocks read whole stay.
+  void drain() {
+    for (auto& f : fetches) {
+      if (f.ticket) reader->cancel(f.ticket);
+    }
+    for (auto& f : fetches) {
+      if (f.ticket) (void)reader->wait(f.ticket);
+      if (f.resident && f.first == plan.blocks[f.block].first) kept_state[f.block] = Kept::kNone;
+    }
+    fetches.clear();
+    if (cuda && ring) reclaim(true);
+    if (ring) ring->clear();
+    rd_block = 0;
+    rd_first = -1;
+    rd_next = false;
+  }
+  // Waits for the front fetch, which must be block `b` of this inference.
+  Fetch take(int b) {
+    if (fetches.empty()) pump(true);  // GPU: its space may have waited for kernels to finish
+    if (fetches.empty() || fetches.front().block != b || fetches.front().next) {
+      throw Error(path + ": internal: block " + std::to_string(b) + " was not read ahead in order");
+    }
+    Fetch f = fetches.front();
+    fetches.pop_front();
+    if (f.ticket) {
+      Status st = reader->wait(f.ticket);
+      if (!st.ok()) {
+        if (f.resident && kept_state[b] == Kept::kLoading) kept_state[b] = Kept::kNone;
+        if (!f.resident) ring_pop_now();
+        throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(plan.blocks.size()) + ")");
+      }
+      mark_verified(f.first, f.last);
+      used_bytes += f.bytes;
+    }
+    if (cuda && f.bytes > 0) {
+      const bool managed = f.resident ? kept->kind() == MemoryKind::kManaged : ring->kind() == MemoryKind::kManaged;
+      if (managed) gpu_prefetch(f.at, f.bytes);
+    }
+    return f;
+  }
+  // The oldest ring entry goes now (the block failed or was never run).
+  void ring_pop_now() {
+    if (cuda) reclaim(true);
+    ring->pop();
+  }
 };
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Executor::~Executor() = default;
 
-// Makes `p` the plan in force: sizes the arena (within its reservation, or a new one), and
-// reads the slots this partition must keep resident. Called between inferences only.
+// Makes `p` the plan in force: a ring and resident arena of its sizes (the old ones are freed
+// first: nothing may be in flight), and the slots this partition must keep resident read. The
+// cursor starts at block 0; resident blocks are read on the way.
 void adopt(Executor::Impl& m, ExecutionPlan p);
 // Frees every byte held for weights (Executor::release).
 void release_all(Executor::Impl& m);
@@ -479,7 +681,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     m.device = c10::Device(c10::DeviceType::CUDA, 0);
     if (!cuda_device().concurrent_managed_access && m.opt.memory == MemoryKind::kManaged) {
       // Integrated GPUs (Jetson): the host may not touch managed memory while any kernel runs,
-      // and the reader DMAs and checksums block i+1 while block i computes. Pinned host memory
+      // and the reader DMAs and checksums the next blocks while one computes. Pinned host memory
       // mapped for the GPU is the same DRAM there and has no such rule.
       log_once(LogLevel::kInfo, "cuda_integrated",
                "GPU without concurrent managed access (" + cuda_device().name +
@@ -487,71 +689,57 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
       m.opt.memory = MemoryKind::kRegistered;
     }
   }
-  ExecutionPlan p = plan_for(m.info, m.sk, options, image);
+  m.cross_inference = options.read_ahead != ReadAhead::kPaper;
+  ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
   BlockReader::open(image, options.reader, &m.reader).throw_if_error();
-  // Host memory: reserve address space for the whole model once (MAP_NORESERVE costs nothing
-  // until touched), so a larger budget later needs no new arena. Managed memory: the plan's size.
-  const bool host = options.memory == MemoryKind::kHost || !cuda_device().usable;
-  m.arena = Arena::create(std::max<std::uint64_t>(host ? std::max(p.arena_bytes, m.info.data_size) : p.arena_bytes,
-                                                  kImageAlign),
-                          m.opt.memory);
   if (m.cuda) {
     // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
     // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
     // memory registered with CUDA instead.
     const std::uint64_t probe = std::min<std::uint64_t>(kImageAlign, m.info.data_size);
-    Status st = probe == 0 ? Status() : m.reader->read(m.info.layers.front().offset, probe, m.arena->base());
-    if (!st.ok() && m.arena->kind() == MemoryKind::kManaged && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
+    auto probe_ring = BlockRing::create(kImageAlign, m.opt.memory);
+    Status st = probe == 0 ? Status() : m.reader->read(m.info.layers.front().offset, probe, probe_ring->base());
+    if (!st.ok() && probe_ring->kind() == MemoryKind::kManaged && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
       log_once(LogLevel::kWarn, "cuda_registered",
                image + ": the block reader refused managed memory (" + st.message() +
                    "); blocks go to pinned host memory registered with CUDA (cudaHostRegister) instead");
       m.opt.memory = MemoryKind::kRegistered;
-      m.arena.reset();
-      m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
-      st = m.reader->read(m.info.layers.front().offset, probe, m.arena->base());
+      probe_ring = BlockRing::create(kImageAlign, m.opt.memory);
+      st = m.reader->read(m.info.layers.front().offset, probe, probe_ring->base());
     }
-    if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(m.arena->kind()) + " memory for the GPU)");
+    if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
   }
   m.verified.assign(m.info.layers.size(), false);
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
-    m.grid_reserve = planning_reserve(m.info, m.sk, options);
+    m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
     PartitionOptions po;
     po.residency = options.residency;
-    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, options), options.cost, options.grid_step, po);
+    po.read_ahead = effective_read_ahead(m.opt);
+    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step, po);
   }
   adopt(m, std::move(p));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
 void adopt(Executor::Impl& m, ExecutionPlan p) {
+  m.drain();
   m.gpu_idle();
-  if (m.arena) {
-    m.arena->release(false);
-    m.arena->release(true);
-  }
-  // Only host arenas drop pages past a smaller budget (Arena::set_budget); registered (pinned
-  // whole) and managed memory need a smaller arena to give memory back.
-  const std::uint64_t want = (std::max<std::uint64_t>(p.arena_bytes, kImageAlign) + 4095) / 4096 * 4096;
-  const bool pinned_whole = m.arena && m.arena->kind() != MemoryKind::kHost && want < m.arena->capacity();
-  if (!m.arena || p.arena_bytes > m.arena->capacity() || pinned_whole) {
-    m.arena.reset();
-    m.arena = Arena::create(std::max<std::uint64_t>(p.arena_bytes, kImageAlign), m.opt.memory);
-  }
-  m.arena->set_budget(p.arena_bytes);  // shrinking drops pages (all of them: nothing swapped)
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
-  m.resident_loaded = false;
-  // Resident blocks: their own arena, laid out one after another; re-read when the plan changes.
+  m.reader->register_buffers({});  // unpin before freeing
+  m.ring.reset();
   if (m.kept) m.kept->release(false);
   m.kept.reset();
+  m.drop_pinned();
+  if (p.arena_bytes > 0) {
+    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing);
+  }
   m.kept_at.assign(p.blocks.size(), 0);
-  m.swapped.clear();
+  m.kept_state.assign(p.blocks.size(), Executor::Impl::Kept::kNone);
   std::uint64_t kept_bytes = 0;
   for (size_t b = 0; b < p.blocks.size(); ++b) {
     if (p.resident[b]) {
       m.kept_at[b] = kept_bytes;
       kept_bytes += p.block_bytes[b];
-    } else {
-      m.swapped.push_back(static_cast<int>(b));
     }
   }
   m.kept_bytes = kept_bytes;
@@ -559,16 +747,15 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     m.kept = Arena::create(kept_bytes, m.opt.memory);
     if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
   }
-  // io_uring fixed buffers pin the pages they cover when registered: register exactly the
-  // budget (not the reservation, which would pin the whole model), and again after every
-  // change, since pages dropped by a shrink would otherwise stay pinned and stale.
+  // io_uring fixed buffers pin the pages they cover when registered: register exactly the ring
+  // and the resident arena, again after every change (pages freed by a shrink would otherwise
+  // stay pinned).
   std::vector<std::pair<void*, std::size_t>> bufs;
-  if (m.arena->budget() > 0) bufs.emplace_back(m.arena->base(), m.arena->budget());
+  if (m.ring) bufs.emplace_back(m.ring->base(), m.ring->mapped_bytes());
   if (m.kept) bufs.emplace_back(m.kept->base(), kept_bytes);
   m.reader->register_buffers(bufs);
   m.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
-  m.drop_pinned();
   pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
   if (!m.pinned.empty()) {
     std::uint64_t need = 0;
@@ -618,11 +805,16 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     m.rebind_pinned();
   }
   log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
-                           std::to_string(m.plan.blocks.size() - m.swapped.size()) + " resident, " +
-                           format_bytes(m.plan.resident_bytes) + "), arena " + format_bytes(m.plan.arena_bytes) + " (" +
-                           to_string(m.arena->kind()) + "), activations " + format_bytes(m.plan.activation_bytes) +
-                           ", pinned " + format_bytes(m.plan.pinned_bytes));
+                           std::to_string(std::count(m.plan.resident.begin(), m.plan.resident.end(), 1)) +
+                           " resident, " + format_bytes(m.plan.resident_bytes) + "), ring " +
+                           format_bytes(m.plan.arena_bytes) +
+                           (m.ring ? std::string(" (") + to_string(m.ring->kind()) +
+                                         (m.ring->mirrored() ? ", mirrored)" : ", two-ended)")
+                                   : std::string()) +
+                           ", activations " + format_bytes(m.plan.activation_bytes) + ", pinned " +
+                           format_bytes(m.plan.pinned_bytes));
   m.released = false;
+  m.note_in_use();
 }
 
 // adopt() failing part-way (an allocation, a read of pinned slots) leaves the executor released:
@@ -644,133 +836,184 @@ void Executor::set_budget(std::uint64_t bytes) {
   o.blocks = 0;
   o.resident.clear();
   Impl& m = *impl_;
+  std::optional<ExecutionPlan> next;
   if (m.grid && bytes > m.grid_reserve) {
     const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
     if (part.feasible) {
-      ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost);
+      ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
+                                    effective_read_ahead(o), bytes);
       if (p.total() <= bytes) {
         p.min_budget = m.plan.min_budget;
-        m.opt = o;
-        adopt_or_release(m, std::move(p));
-        return;
+        p.min_read_bytes = min_read_bytes(layer_costs(m.info, o),
+                                          bytes > m.info.activation_bytes ? bytes - m.info.activation_bytes : 0);
+        next = std::move(p);
       }
     }
   }
-  ExecutionPlan p = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
+  if (!next) next = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
   m.opt = o;
-  adopt_or_release(m, std::move(p));
-}
-
-c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
-  Impl& m = *impl_;
-  if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
-  const size_t n = m.plan.blocks.size();
-  BlockReader::Ticket pending = 0;
-  // On any error: wait for the read in flight (it writes into the arena), release the swapped
-  // blocks, unbind them, so the next forward starts clean (resident blocks stay loaded).
-  auto cleanup = [&] {
-    if (pending) m.reader->wait(pending);
-    pending = 0;
-    try {
-      m.gpu_idle();
-    } catch (const std::exception& e) {  // keep the first error; the GPU's is logged
-      log(LogLevel::kError, m.path + ": waiting for the GPU after an error failed: " + e.what());
-    }
-    m.arena->release(false);
-    m.arena->release(true);
-    m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
-    if (m.resident_loaded) m.bind_resident();
-    m.rebind_pinned();
-  };
-  if (!m.resident_loaded) {
-    try {
-      m.load_resident();
-    } catch (...) {
-      m.resident_loaded = false;
-      cleanup();
-      throw;
+  const bool running = m.run != nullptr;
+  const int k = running ? m.run->next_layer() : 0;
+  m.bound = false;
+  adopt_or_release(m, std::move(*next));
+  if (!running) {
+    m.pump();  // the next inference's first blocks, now
+    return;
+  }
+  // Go on from layer k under the new plan (Note [Read-ahead ring]): the block containing it,
+  // read from the first layer it needs.
+  const int n = static_cast<int>(m.plan.blocks.size());
+  m.cur = n;
+  for (int b = 0; b < n; ++b) {
+    if (m.plan.blocks[b].first <= k && k <= m.plan.blocks[b].second) {
+      m.cur = b;
+      break;
     }
   }
+  m.rd_block = m.cur == n ? 0 : m.cur;
+  m.rd_next = m.cur == n;
+  m.rd_first = m.cur == n ? -1 : m.first_needed(m.cur, k);
+  if (m.rd_first == m.plan.blocks[m.rd_block].first) m.rd_first = -1;
+  m.bind_loaded();
+  m.pump();
+}
+
+void Executor::begin(std::vector<c10::IValue> inputs) {
+  Impl& m = *impl_;
+  if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
+  if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
   if (m.cuda) {
     for (auto& v : inputs) {
       if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
     }
   }
-  Skeleton::Run run = m.sk.begin(std::move(inputs));
-  // Swapped blocks alternate between the arena's ends (Note [Two-ended arena]): the s-th swapped
-  // block goes to end s % 2, so the next one is fetched while this one runs.
-  size_t next_s = 0;  // the next swapped block to submit
-  auto submit = [&]() -> void* {
-    if (next_s >= m.swapped.size()) return nullptr;
-    const size_t b = static_cast<size_t>(m.swapped[next_s]);
-    // GPU: the kernels of the block there are done. The first block of an inference may also
-    // overlap the previous inference's last block at the other end: wait for both then.
-    m.wait_end(static_cast<int>(next_s % 2));
-    if (next_s == 0) m.wait_end(1);
-    void* p = m.arena->place(next_s % 2 == 1, m.plan.block_bytes[b]);
-    if (p == nullptr) {
-      throw Error(m.path + ": internal: block " + std::to_string(b) + " does not fit the arena next to its neighbour");
-    }
-    pending = m.reader->submit(m.offset(b), m.plan.block_bytes[b], p, m.checks_for(b));
-    m.note_in_use();
-    ++next_s;
-    return p;
-  };
+  m.run = std::make_unique<Skeleton::Run>(m.sk.begin(std::move(inputs)));
+  m.cur = 0;
+  m.bound = false;
+  m.cur_from_fetch = false;
+  m.pump();
+}
+
+bool Executor::step() {
+  Impl& m = *impl_;
+  if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
+  const int n = static_cast<int>(m.plan.blocks.size());
+  if (m.cur >= n) return true;
   try {
-    void* cur = submit();  // fetched during the resident blocks before it
-    size_t s = 0;          // swapped blocks run so far
-    for (size_t b = 0; b < n; ++b) {
-      const auto [first, last] = m.plan.blocks[b];
-      if (m.plan.resident[b]) {
-        m.sk.run_layers(run, last + 1);
-        continue;
+    const int b = m.cur;
+    const auto [first, last] = m.plan.blocks[b];
+    if (!m.bound) {
+      m.cur_from_fetch = false;
+      if (!m.plan.resident[b] || m.kept_state[b] != Impl::Kept::kLoaded) {
+        m.cur_fetch = m.take(b);
+        m.cur_from_fetch = true;
+        char* at = m.cur_fetch.bytes == 0 ? m.cur_fetch.at
+                   : m.cur_fetch.resident     ? m.dev(*m.kept, m.cur_fetch.at)
+                                              : m.dev(*m.ring, m.cur_fetch.at);
+        m.bind_range(m.cur_fetch.first, last, at);
+        if (m.cur_fetch.resident && m.cur_fetch.first == first) m.kept_state[b] = Impl::Kept::kLoaded;
+        m.rebind_pinned();
+        if (!m.cuda) m.pump();  // the CPU computes now: queue what fits before it does
       }
-      Status st = m.reader->wait(pending);
-      pending = 0;
-      if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
-      m.mark_verified(b);
-      if (m.cuda && m.arena->kind() == MemoryKind::kManaged) gpu_prefetch(cur, m.plan.block_bytes[b]);
-      auto t0 = std::chrono::steady_clock::now();
-      m.sk.bind_layers(first, last, m.dev(*m.arena, cur), m.offset(b), m.device);
-      m.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      for (int k = first; k <= last; ++k) m.bound += m.sk.layers()[k].slots.size();
-      m.rebind_pinned();
-      void* next = nullptr;
-      if (!m.cuda) next = submit();  // CPU: the next block arrives while this one computes
-      m.sk.run_layers(run, last + 1);
-      if (m.cuda) {
-        // GPU: the layers were queued, not run; the next block goes where the previous one was,
-        // once the kernels reading it are done (submit waits), while this one's kernels run.
-        m.record_end(static_cast<int>(s % 2));
-        next = submit();
-      }
-      m.sk.unbind_layers(first, last);  // swap-out: drop the views, release the arena end
-      m.rebind_pinned();
-      m.arena->release(s % 2 == 1);
-      ++s;
-      cur = next;
+      m.bound = true;
     }
+    while (m.run->next_layer() <= last) {
+      if (m.yield.exchange(false)) return false;  // interrupted at a layer boundary
+      m.sk.run_layer(*m.run);
+    }
+    // Swap-out: drop the views, release the block's ring space (GPU: once its kernels are done).
+    if (m.cur_from_fetch && !m.cur_fetch.resident && m.cur_fetch.bytes > 0) {
+      m.sk.unbind_layers(m.cur_fetch.first, last);
+      m.rebind_pinned();
+      if (m.cuda) {
+        m.gpu_pending.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
+        m.gpu_pending.back()->record(m.stream());
+        m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
+      } else {
+        m.ring->pop();
+      }
+    } else if (m.cur_from_fetch && m.cur_fetch.resident && m.kept_state[b] != Impl::Kept::kLoaded) {
+      m.sk.unbind_layers(m.cur_fetch.first, last);  // a trimmed resident block: read whole next time
+      m.rebind_pinned();
+    }
+    m.bound = false;
+    m.cur_from_fetch = false;
+    ++m.cur;
+    m.pump();
+    return m.cur >= n;
   } catch (...) {
-    cleanup();
+    abort();
     throw;
   }
-  return m.sk.finish(run);
+}
+
+c10::IValue Executor::finish() {
+  Impl& m = *impl_;
+  if (!m.run || m.cur < static_cast<int>(m.plan.blocks.size())) {
+    throw Error(m.path + ": finish() before every block has run");
+  }
+  c10::IValue out;
+  try {
+    out = m.sk.finish(*m.run);
+  } catch (...) {
+    abort();
+    throw;
+  }
+  m.run.reset();
+  // Reads ahead of this inference belong to the next one now.
+  for (auto& f : m.fetches) f.next = false;
+  m.rd_next = false;
+  m.cur = 0;
+  m.pump();
+  return out;
+}
+
+void Executor::abort() {
+  Impl& m = *impl_;
+  m.run.reset();
+  m.bound = false;
+  m.cur_from_fetch = false;
+  m.cur = 0;
+  m.yield.store(false);
+  if (m.released) return;
+  // Nothing half-read stays: reads cancelled and waited for, the ring emptied, swapped views
+  // dropped; resident blocks read whole and pinned slots stay bound.
+  try {
+    m.drain();
+    m.gpu_idle();
+  } catch (const std::exception& e) {  // keep the first error; the GPU's is logged
+    log(LogLevel::kError, m.path + ": waiting for the GPU after an error failed: " + e.what());
+  }
+  m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
+  m.bind_loaded();
+}
+
+bool Executor::in_inference() const { return impl_->run != nullptr; }
+int Executor::next_layer() const { return impl_->run ? impl_->run->next_layer() : 0; }
+void Executor::interrupt() { impl_->yield.store(true); }
+
+c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
+  begin(std::move(inputs));
+  while (!step()) {
+  }
+  return finish();
 }
 
 const ExecutionPlan& Executor::plan() const { return impl_->plan; }
 const ImageInfo& Executor::info() const { return impl_->info; }
 const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
+std::uint64_t Executor::bytes_used() const { return impl_->used_bytes; }
 double Executor::bind_us_per_tensor() const {
-  return impl_->bound ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound) : 0.0;
+  return impl_->bound_tensors ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound_tensors) : 0.0;
 }
 IoBackend Executor::backend() const { return impl_->reader->backend(); }
-MemoryKind Executor::memory() const { return impl_->arena ? impl_->arena->kind() : impl_->opt.memory; }
+MemoryKind Executor::memory() const { return impl_->ring ? impl_->ring->kind() : impl_->opt.memory; }
 
 WeightMemory Executor::weight_memory() const {
   const Impl& m = *impl_;
-  if (m.released || !m.arena) return WeightMemory{0, m.weight_peak};
-  return WeightMemory{m.arena->budget() + m.kept_bytes + m.pinned_need, m.weight_peak};
+  if (m.released) return WeightMemory{0, m.weight_peak};
+  return WeightMemory{(m.ring ? m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need, m.weight_peak};
 }
 void Executor::reset_weight_peak() {
   Impl& m = *impl_;
@@ -779,22 +1022,28 @@ void Executor::reset_weight_peak() {
 }
 bool Executor::released() const { return impl_->released; }
 
-void Executor::release() { release_all(*impl_); }
+void Executor::release() {
+  if (impl_->run) abort();
+  release_all(*impl_);
+}
 
 void release_all(Executor::Impl& m) {
   if (m.released) return;
+  m.run.reset();
+  m.bound = false;
   try {
+    m.drain();
     m.gpu_idle();
   } catch (const std::exception& e) {
     log(LogLevel::kError, m.path + ": waiting for the GPU before releasing failed: " + e.what());
   }
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   m.reader->register_buffers({});  // unpin before freeing
-  m.arena.reset();
+  m.ring.reset();
   m.kept.reset();
   m.kept_bytes = 0;
+  m.kept_state.assign(m.kept_state.size(), Executor::Impl::Kept::kNone);
   m.drop_pinned();
-  m.resident_loaded = false;
   m.released = true;
   log(LogLevel::kInfo, m.path + ": released every byte held for weights");
 }

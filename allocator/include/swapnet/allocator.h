@@ -98,11 +98,11 @@ class SWAPNET_API Arena {
 // Swapped blocks in flight and executing, first in, first out (Note [Block ring]).
 class SWAPNET_API BlockRing {
  public:
-  // Host memory (kHost, or kManaged without a usable GPU): a mirrored ring of `capacity` bytes
-  // (rounded up to pages), populated as blocks land and freed when the ring is destroyed. Other
-  // kinds, or when the mirror cannot be mapped (said once): a two-ended Arena. Throws Error
-  // with the size and the reason when the memory cannot be had.
-  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind);
+  // Host memory (kHost, or kManaged without a usable GPU) and `mirror`: a mirrored ring of
+  // `capacity` bytes (rounded up to pages), populated as blocks land and freed when the ring is
+  // destroyed. Other kinds, !mirror, or when the mirror cannot be mapped (said once): a
+  // two-ended Arena. Throws Error with the size and the reason when the memory cannot be had.
+  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool mirror = true);
   ~BlockRing();
   BlockRing(const BlockRing&) = delete;
   BlockRing& operator=(const BlockRing&) = delete;

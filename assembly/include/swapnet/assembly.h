@@ -212,6 +212,13 @@ struct ExecutorOptions {
   // memory registered with CUDA instead (said once). Needs a CUDA libtorch and a usable GPU:
   // Executor::open says which is missing.
   enum class Device { kCPU, kCUDA } device = Device::kCPU;
+  // How swapped blocks are read ahead (Note [Read-ahead ring] in executor.cpp):
+  //  kRing:  into a ring of whatever the budget leaves after resident blocks, as many blocks ahead
+  //          as it holds, on into the next inference's first blocks (host memory; memory the GPU
+  //          reads in place holds two blocks, kTwoEnded);
+  //  kPaper: the paper's pipeline: two blocks (the one executing and the next), one inference at
+  //          a time, planned with its formula. For comparison.
+  ReadAhead read_ahead = ReadAhead::kRing;
 };
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
@@ -225,9 +232,12 @@ struct ExecutionPlan {
   std::vector<std::pair<int, int>> blocks;  // [first, last] layers of each block
   std::vector<std::uint64_t> block_bytes;   // aligned bytes of each block
   std::vector<char> resident;               // per block: 1 = read once and kept across inferences
-  std::uint64_t arena_bytes = 0;            // two-ended arena: largest pair of consecutive swapped blocks
+  std::uint64_t arena_bytes = 0;            // the read-ahead ring for swapped blocks (0: none swapped)
+  std::uint64_t pair_bytes = 0;             // largest pair of consecutive swapped blocks: the least ring
+  ReadAhead read_ahead = ReadAhead::kRing;  // the pipeline it runs (kTwoEnded: a two-block ring)
   std::uint64_t resident_bytes = 0;         // resident blocks
   std::uint64_t read_bytes = 0;             // read per inference: the swapped blocks
+  std::uint64_t min_read_bytes = 0;         // no plan in this budget reads fewer (min_read_bytes())
   std::uint64_t activation_bytes = 0;       // reserved for activations (measured at pack time)
   std::uint64_t pinned_bytes = 0;           // slots read outside their (swapped) block, kept resident
   std::uint64_t min_budget = 0;             // smallest feasible budget for this image
@@ -251,25 +261,48 @@ SWAPNET_API ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOp
 
 // Memory an executor holds for weights (activations are counted by the CPU meter's accounts).
 struct WeightMemory {
-  std::uint64_t held = 0;  // now: the arena's budget + resident blocks + pinned slots (0 when released)
-  std::uint64_t peak = 0;  // most bytes of weights in use at once (arena ends placed + resident +
+  std::uint64_t held = 0;  // now: the ring + resident blocks + pinned slots (0 when released)
+  std::uint64_t peak = 0;  // most bytes of weights in use at once (blocks in the ring + resident +
                            // pinned) since open or reset_weight_peak()
 };
 
-// Runs an image within a memory budget: block i+1 is fetched (O_DIRECT, into the arena's other
-// end) while block i executes; block i is released right after it executes. Outputs are
-// bit-identical to forward. One inference at a time.
+// Runs an image within a memory budget: swapped blocks are read (O_DIRECT) into a ring as far
+// ahead as it holds while earlier blocks execute, and released right after they execute.
+// Outputs are bit-identical to forward. One inference at a time, by one thread at a time (but
+// interrupt(), which any thread may call).
+//
+// An inference is resumable: begin() starts it, each step() runs one block (or stops early at a
+// layer boundary after interrupt()), finish() returns forward's output. Between steps the
+// budget may change (set_budget): the rest of the inference is re-planned from the next layer.
 class SWAPNET_API Executor {
  public:
   struct Impl;
   static std::unique_ptr<Executor> open(const std::string& image, const ExecutorOptions& options);
   ~Executor();
-  // An I/O or checksum error fails this forward with the image, block and reason; the next
-  // forward starts clean.
+  // begin + step until done + finish. An I/O or checksum error fails this forward with the
+  // image, block and reason; the next forward starts clean.
   c10::IValue forward(std::vector<c10::IValue> inputs);
-  // A new budget: re-plans (with the options' planner) and takes effect now, between
-  // inferences. Shrinking releases the arena's physical pages past the new size; growing within
-  // the model's size needs no new arena. Throws (and keeps the old plan) if infeasible.
+
+  // ---- resumable inference ----
+  // Starts an inference (throws if one is in progress, or the executor is released).
+  void begin(std::vector<c10::IValue> inputs);
+  // Runs the next block; true once every layer has run. Returns false early, at a layer
+  // boundary, after interrupt(). An error aborts the inference (abort()) and is rethrown.
+  bool step();
+  c10::IValue finish();  // after step() returned true: forward's output; the inference ends
+  // Ends an inference in progress without an output: reads in flight are cancelled, swapped
+  // blocks released; resident blocks already read stay. Nothing happens when none is.
+  void abort();
+  bool in_inference() const;
+  int next_layer() const;  // of the inference in progress (0 when none)
+  // Thread-safe: the step() in progress (or the next one) returns at its next layer boundary.
+  void interrupt();
+
+  // A new budget: re-plans (with the options' planner) and takes effect now. Between
+  // inferences the next one runs the new plan; during one (between steps) the rest of it runs
+  // the new plan from the next layer: reads in flight are cancelled and waited for, blocks read
+  // ahead are dropped, and memory past the new budget is given back before this returns.
+  // Throws (and keeps the old plan, and the inference in progress) if infeasible.
   void set_budget(std::uint64_t bytes);
   const ExecutionPlan& plan() const;
   // Predicted latency by budget, (budget bytes, ms) with budgets increasing and ms not: the
@@ -285,6 +318,9 @@ class SWAPNET_API Executor {
   const ImageInfo& info() const;
   const Skeleton& skeleton() const;
   std::uint64_t bytes_read() const;      // by the block reader, since open
+  // Bytes of reads that inferences have used, since open: bytes_read() less what is read ahead
+  // for an inference not yet run and what a budget change dropped.
+  std::uint64_t bytes_used() const;
   double bind_us_per_tensor() const;     // mean cost of binding one tensor by reference
   IoBackend backend() const;
   MemoryKind memory() const;
