@@ -59,6 +59,7 @@ struct RunOptions {
   std::string resident;          // --resident i,j: blocks of --partition/--blocks kept resident
   std::string profile;           // --profile FILE (default: default_profile_path())
   std::string device = "cpu";    // --device cpu|cuda: where layers run (swapnet and direct modes)
+  std::string read_ahead = "ring";  // --read-ahead ring|paper
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
 int plan(const std::string& image, const Common& c, const std::string& budget, const std::string& profile_path,
