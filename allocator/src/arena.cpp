@@ -86,6 +86,9 @@ std::unique_ptr<Arena> Arena::create(std::uint64_t capacity, MemoryKind kind) {
       throw Error("arena: reserving " + std::to_string(capacity) + " bytes failed: " + std::strerror(errno));
     }
     base = static_cast<char*>(p);
+    // Transparent huge pages where the system offers them on request: fewer pages to fault in
+    // and, on a budget change, to give back. Advisory.
+    if (kind == MemoryKind::kHost && capacity >= (2u << 20)) (void)::madvise(base, capacity, MADV_HUGEPAGE);
 #if SWAPNET_WITH_CUDA
     if (kind == MemoryKind::kRegistered) {
       cudaError_t err = cudaHostRegister(base, capacity, cudaHostRegisterPortable | cudaHostRegisterMapped);
@@ -144,6 +147,15 @@ void Arena::release(bool high) {
   std::uint64_t& mine = high ? high_ : low_;
   account_memory(-static_cast<std::int64_t>(mine));
   mine = 0;
+}
+
+void Arena::discard(std::uint64_t offset, std::uint64_t bytes) {
+  if (kind_ != MemoryKind::kHost || offset >= capacity_) return;
+  const std::uint64_t a = align_up(offset), b = std::min(capacity_, (offset + bytes) / kAlign * kAlign);
+  if (b <= a) return;
+  if (::madvise(base_ + a, b - a, MADV_DONTNEED) != 0) {
+    log_once(LogLevel::kWarn, "arena_discard", std::string("arena: madvise(DONTNEED) failed: ") + std::strerror(errno));
+  }
 }
 
 }  // namespace swapnet

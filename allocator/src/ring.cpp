@@ -9,7 +9,10 @@
 // at any offset of the first mapping is then contiguous in virtual memory even where it wraps
 // around the end, and the ring holds exactly as many blocks as their bytes allow: no space is
 // lost to wrap-around, and read-ahead is as deep as the budget. The reader DMAs into either
-// view (O_DIRECT and io_uring fixed buffers accept shared memfd pages).
+// view (O_DIRECT and io_uring fixed buffers accept shared memfd pages). The memory is the
+// memfd's pages, counted once by the kernel and by cgroups; RSS counts a page once per
+// mapping, so the second view is unmapped behind each block that wrapped into it (it then
+// over-counts by at most the one block straddling the end).
 //
 // Memory the GPU reads in place (managed, or registered) cannot be mapped twice; there the ring
 // is the two-ended arena (Note [Two-ended arena]): at most two blocks, at opposite ends, which
@@ -20,6 +23,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 
 #include "accounting.h"
@@ -167,6 +171,14 @@ void BlockRing::pop() {
   m.used -= e.bytes;
   if (m.base != nullptr) {
     account_memory(-static_cast<std::int64_t>(e.bytes));
+    if (e.offset + e.bytes > m.capacity) {
+      // The part that wrapped was reached through the second view. Unmap it there (the pages
+      // stay in the memfd, mapped by the first view): otherwise RSS, which counts a page once
+      // per mapping, would come to count the ring twice.
+      if (::madvise(m.base + m.capacity, e.offset + e.bytes - m.capacity, MADV_DONTNEED) != 0) {
+        log_once(LogLevel::kWarn, "ring_madvise", std::string("block ring: madvise: ") + std::strerror(errno));
+      }
+    }
     if (m.fifo.empty()) m.head = 0;  // start over at the beginning: fewer pages touched
   } else {
     m.arena->release(e.offset == 1);
@@ -175,6 +187,47 @@ void BlockRing::pop() {
 
 void BlockRing::clear() {
   while (!impl_->fifo.empty()) pop();
+}
+
+void BlockRing::discard_except(const std::vector<std::pair<const char*, std::uint64_t>>& keep) {
+  Impl& m = *impl_;
+  // Ranges to keep as offsets into the memfd (or the arena), split where they wrap.
+  const std::uint64_t cap = m.capacity;
+  const char* base = m.base != nullptr ? m.base : m.arena->base();
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> kept;  // [begin, end)
+  for (const auto& [p, bytes] : keep) {
+    if (bytes == 0) continue;
+    std::uint64_t off = static_cast<std::uint64_t>(p - base);
+    std::uint64_t a = off / kPage * kPage, b = page_up(off + bytes);
+    if (m.base != nullptr) {
+      a %= cap;
+      b = a + (b - off / kPage * kPage);
+      if (b > cap) {
+        kept.emplace_back(a, cap);
+        kept.emplace_back(0, b - cap);
+        continue;
+      }
+    }
+    kept.emplace_back(a, std::min(b, cap));
+  }
+  std::sort(kept.begin(), kept.end());
+  std::uint64_t at = 0;
+  auto drop = [&](std::uint64_t a, std::uint64_t b) {
+    if (b <= a) return;
+    if (m.base != nullptr) {
+      if (::fallocate(m.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(a),
+                      static_cast<off_t>(b - a)) != 0) {
+        log_once(LogLevel::kWarn, "ring_punch", std::string("block ring: fallocate(PUNCH_HOLE): ") + std::strerror(errno));
+      }
+    } else {
+      m.arena->discard(a, b - a);
+    }
+  };
+  for (const auto& [a, b] : kept) {
+    drop(at, a);
+    at = std::max(at, b);
+  }
+  drop(at, cap);
 }
 
 }  // namespace swapnet

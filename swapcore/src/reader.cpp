@@ -608,16 +608,16 @@ Status BlockReader::read(std::uint64_t offset, std::size_t length, void* buffer,
   return wait(submit(offset, length, buffer, std::move(verify)));
 }
 
-void BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers) {
+bool BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers) {
   Impl& m = *impl_;
-  if (m.backend != IoBackend::kIoUring || !m.opt.register_buffers) return;
+  if (m.backend != IoBackend::kIoUring || !m.opt.register_buffers) return true;
   std::lock_guard<std::mutex> lock(m.mu);
-  if (!m.pending.empty()) return;  // only between reads
+  if (!m.pending.empty()) return false;  // only between reads
   if (!m.fixed.empty()) {
     io_uring_unregister_buffers(&m.ring);
     m.fixed.clear();
   }
-  if (buffers.empty()) return;  // unregistered: the pages are no longer pinned
+  if (buffers.empty()) return true;  // unregistered: the pages are no longer pinned
   std::vector<iovec> iov;
   for (const auto& b : buffers) iov.push_back(iovec{b.first, b.second});
   int rc = io_uring_register_buffers(&m.ring, iov.data(), static_cast<unsigned>(iov.size()));
@@ -625,9 +625,10 @@ void BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_
     log_once(LogLevel::kWarn, "register_buffers",
              m.path + ": io_uring buffer registration refused (" + std::strerror(-rc) + ", " + errno_name(-rc) +
                  "; memlock limit?); reading into unregistered buffers");
-    return;
+    return true;
   }
   for (const auto& b : buffers) m.fixed.emplace_back(static_cast<char*>(b.first), b.second);
+  return true;
 }
 
 IoBackend BlockReader::backend() const { return impl_->backend; }

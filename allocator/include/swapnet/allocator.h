@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "swapnet/swapcore.h"
 
@@ -80,6 +82,9 @@ class SWAPNET_API Arena {
   // that end. Accounting follows (memory_stats()).
   void* place(bool high, std::uint64_t bytes);
   void release(bool high);  // the block at that end is no longer used (swap-out: no write-back)
+  // Gives the physical pages of [base + offset, +bytes) back now (page-rounded inwards); they
+  // read as zeros afterwards. Host memory only (others: nothing).
+  void discard(std::uint64_t offset, std::uint64_t bytes);
   std::uint64_t placed(bool high) const { return high ? high_ : low_; }
   char* base() const { return base_; }
   // The address the GPU uses for base() (the same except for kRegistered without unified
@@ -123,6 +128,11 @@ class SWAPNET_API BlockRing {
   char* base() const;
   std::uint64_t mapped_bytes() const;
   char* device_address(void* p) const;
+  // Gives the physical pages of the whole ring back at once but for those under `keep` (ranges
+  // of pushed blocks, page-rounded outwards); what is given back reads as zeros afterwards.
+  // The blocks stay pushed (their accounting too): for a ring about to be replaced. Host memory
+  // only (managed memory: nothing).
+  void discard_except(const std::vector<std::pair<const char*, std::uint64_t>>& keep);
 
  private:
   struct Impl;

@@ -209,7 +209,8 @@ class SWAPNET_API BlockReader {
   // Registers buffers the caller will read into (e.g. an arena), for io_uring fixed-buffer
   // reads. Advisory: on failure (memlock limit) it warns once and reads go on unregistered.
   // Replaces earlier registrations; an empty list unpins what was registered (before freeing it).
-  void register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers);
+  // Only while no read is in flight: returns false, changing nothing, otherwise.
+  bool register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers);
 
   IoBackend backend() const;
   const std::string& path() const;
