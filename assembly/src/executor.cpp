@@ -294,8 +294,6 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   const ReadAhead ra = effective_read_ahead(o);
   auto done = [&](ExecutionPlan p) {
     p.min_budget = minimum;
-    p.min_read_bytes =
-        min_read_bytes(costs, o.budget > info.activation_bytes ? o.budget - info.activation_bytes : 0);
     return p;
   };
   if (!o.partition.empty() || o.blocks > 0) {
@@ -356,7 +354,11 @@ std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) 
 }
 
 ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
-  return plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
+  ExecutionPlan p = plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
+  p.min_read_bytes = min_read_bytes(layer_costs(info, options), options.budget > info.activation_bytes
+                                                                     ? options.budget - info.activation_bytes
+                                                                     : 0);
+  return p;
 }
 
 // ---- the executor -------------------------------------------------------------------------
@@ -422,6 +424,13 @@ struct Executor::Impl {
   std::uint64_t pinned_need = 0;  // pinned slots' buffer
   std::uint64_t weight_peak = 0;  // Executor::weight_memory().peak
   std::uint64_t used_bytes = 0;   // Executor::bytes_used()
+  bool registered = false;        // the ring is registered with the reader (register_ring)
+  // Held by the thread using the executor except while a layer runs, so that shed() (any
+  // thread) finds the state between two changes (Note [Shedding]).
+  mutable std::recursive_mutex mu;
+  int running_layer = -1;         // the layer running now, unlocked (-1: none)
+  bool shed_pending = false;      // shed() gave memory back: re-plan before the next layer
+  std::uint64_t shed_held = 0;    // what is held since (the running layer's weights, pinned slots)
   bool cross_inference = true;    // the cursor reads on into the next inference (not kPaper)
 
   // Reads submitted, in cursor order (Note [Read-ahead ring]).
@@ -513,6 +522,12 @@ struct Executor::Impl {
     return f;
   }
 
+  // Registers the ring with the reader (Note above adopt) if it is not, and the reader is idle.
+  void register_ring() {
+    if (registered || !ring) return;
+    registered = reader->register_buffers({{ring->base(), ring->capacity()}});
+  }
+
   // Where weightless blocks' views point (they have no bytes, but need an address).
   static char* zero_page() {
     alignas(4096) static char page[4096];
@@ -569,7 +584,7 @@ struct Executor::Impl {
   // Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
   // for the kernels of executed blocks but the newest (which may be running now) to free space.
   void pump(bool may_wait = false) {
-    if (released || plan.blocks.empty()) return;
+    if (released || shed_pending || plan.blocks.empty()) return;
     const int n = static_cast<int>(plan.blocks.size());
     for (int guard = 0; guard < 2 * n + 2; ++guard) {
       if (rd_next && (!cross_inference || rd_block >= cur)) return;
@@ -664,6 +679,8 @@ Executor::~Executor() = default;
 void adopt(Executor::Impl& m, ExecutionPlan p);
 // Frees every byte held for weights (Executor::release).
 void release_all(Executor::Impl& m);
+// Executor::set_budget with `m.mu` held.
+void set_budget_locked(Executor::Impl& m, std::uint64_t bytes);
 
 std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
   ImageInfo info;
@@ -722,14 +739,18 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
 }
 
 void adopt(Executor::Impl& m, ExecutionPlan p) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  const auto t0 = std::chrono::steady_clock::now();
   m.drain();
   m.gpu_idle();
+  const auto t_drained = std::chrono::steady_clock::now();
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
-  m.reader->register_buffers({});  // unpin before freeing
+  if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
   m.ring.reset();
   if (m.kept) m.kept->release(false);
   m.kept.reset();
   m.drop_pinned();
+  const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
     m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing);
   }
@@ -747,13 +768,15 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     m.kept = Arena::create(kept_bytes, m.opt.memory);
     if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
   }
-  // io_uring fixed buffers pin the pages they cover when registered: register exactly the ring
-  // and the resident arena, again after every change (pages freed by a shrink would otherwise
-  // stay pinned).
-  std::vector<std::pair<void*, std::size_t>> bufs;
-  if (m.ring) bufs.emplace_back(m.ring->base(), m.ring->mapped_bytes());
-  if (m.kept) bufs.emplace_back(m.kept->base(), kept_bytes);
-  m.reader->register_buffers(bufs);
+  // io_uring fixed buffers pin (and map, zero-filling) the pages they cover when registered. The
+  // ring's first view is registered once the reader is idle (now between inferences; after a
+  // move during one, at the next inference boundary the reader is idle at): a move is not made
+  // to wait for the whole new ring to be zero-filled. The pieces of a block that wrap into the
+  // second view are read unregistered, so that view maps only what a block straddling the end
+  // uses. Resident blocks are read once per plan: not registered.
+  m.registered = false;
+  if (!m.run) m.register_ring();
+  const auto t_ring = std::chrono::steady_clock::now();
   m.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
   pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
@@ -813,7 +836,14 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
                                    : std::string()) +
                            ", activations " + format_bytes(m.plan.activation_bytes) + ", pinned " +
                            format_bytes(m.plan.pinned_bytes));
+  const auto t_end = std::chrono::steady_clock::now();
+  log(LogLevel::kDebug, m.path + ": plan adopted in " + std::to_string(Ms(t_end - t0).count()) + " ms (reads drained " +
+                            std::to_string(Ms(t_drained - t0).count()) + ", memory freed " +
+                            std::to_string(Ms(t_freed - t_drained).count()) + ", ring and resident arena " +
+                            std::to_string(Ms(t_ring - t_freed).count()) + ", pinned slots " +
+                            std::to_string(Ms(t_end - t_ring).count()) + ")");
   m.released = false;
+  m.shed_pending = false;
   m.note_in_use();
 }
 
@@ -830,12 +860,17 @@ static void adopt_or_release(Executor::Impl& m, ExecutionPlan p) {
 }
 
 void Executor::set_budget(std::uint64_t bytes) {
-  ExecutorOptions o = impl_->opt;
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  set_budget_locked(*impl_, bytes);
+}
+
+void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
+  const auto t_plan = std::chrono::steady_clock::now();
+  ExecutorOptions o = m.opt;
   o.budget = bytes;
   o.partition.clear();
   o.blocks = 0;
   o.resident.clear();
-  Impl& m = *impl_;
   std::optional<ExecutionPlan> next;
   if (m.grid && bytes > m.grid_reserve) {
     const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
@@ -844,13 +879,15 @@ void Executor::set_budget(std::uint64_t bytes) {
                                     effective_read_ahead(o), bytes);
       if (p.total() <= bytes) {
         p.min_budget = m.plan.min_budget;
-        p.min_read_bytes = min_read_bytes(layer_costs(m.info, o),
-                                          bytes > m.info.activation_bytes ? bytes - m.info.activation_bytes : 0);
         next = std::move(p);
       }
     }
   }
   if (!next) next = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
+  log(LogLevel::kDebug, m.path + ": planned " + format_bytes(bytes) + " in " +
+                            std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                                     t_plan).count()) +
+                            " ms (" + (m.grid ? "budget grid" : "search") + ")");
   m.opt = o;
   const bool running = m.run != nullptr;
   const int k = running ? m.run->next_layer() : 0;
@@ -880,6 +917,8 @@ void Executor::set_budget(std::uint64_t bytes) {
 
 void Executor::begin(std::vector<c10::IValue> inputs) {
   Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
+  if (m.shed_pending && !m.released) set_budget_locked(m, m.opt.budget);  // read again what was shed
   if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
   if (m.cuda) {
@@ -894,12 +933,20 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.pump();
 }
 
-bool Executor::step() {
+bool Executor::step(int stop_before) {
   Impl& m = *impl_;
+  std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
-  const int n = static_cast<int>(m.plan.blocks.size());
-  if (m.cur >= n) return true;
+  if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
   try {
+    if (m.shed_pending) {
+      // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
+      // checks for a move when step() returns): do not read back at the old budget first.
+      if (m.yield.exchange(false)) return false;
+      set_budget_locked(m, m.opt.budget);  // no cut follows: read again what was shed
+    }
+    const int n = static_cast<int>(m.plan.blocks.size());
+    if (m.cur >= n) return true;
     const int b = m.cur;
     const auto [first, last] = m.plan.blocks[b];
     if (!m.bound) {
@@ -917,9 +964,26 @@ bool Executor::step() {
       }
       m.bound = true;
     }
+    // An interrupt is taken after at least one layer, so that a storm of them cannot stall
+    // the inference.
+    bool ran = false;
     while (m.run->next_layer() <= last) {
-      if (m.yield.exchange(false)) return false;  // interrupted at a layer boundary
-      m.sk.run_layer(*m.run);
+      if (m.run->next_layer() == stop_before) return false;
+      if (ran && m.yield.exchange(false)) return false;  // interrupted at a layer boundary
+      m.running_layer = m.run->next_layer();
+      lk.unlock();  // shed() may give back what this layer does not read, meanwhile
+      try {
+        m.sk.run_layer(*m.run);
+      } catch (...) {
+        lk.lock();
+        m.running_layer = -1;
+        throw;
+      }
+      lk.lock();
+      m.running_layer = -1;
+      ran = true;
+      // The rest of the block may have been given back: no further layer before a re-plan.
+      if (m.shed_pending && m.run->next_layer() <= last) return false;
     }
     // Swap-out: drop the views, release the block's ring space (GPU: once its kernels are done).
     if (m.cur_from_fetch && !m.cur_fetch.resident && m.cur_fetch.bytes > 0) {
@@ -949,6 +1013,7 @@ bool Executor::step() {
 
 c10::IValue Executor::finish() {
   Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
   if (!m.run || m.cur < static_cast<int>(m.plan.blocks.size())) {
     throw Error(m.path + ": finish() before every block has run");
   }
@@ -964,12 +1029,14 @@ c10::IValue Executor::finish() {
   for (auto& f : m.fetches) f.next = false;
   m.rd_next = false;
   m.cur = 0;
+  m.register_ring();
   m.pump();
   return out;
 }
 
 void Executor::abort() {
   Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
   m.run.reset();
   m.bound = false;
   m.cur_from_fetch = false;
@@ -988,9 +1055,100 @@ void Executor::abort() {
   m.bind_loaded();
 }
 
-bool Executor::in_inference() const { return impl_->run != nullptr; }
-int Executor::next_layer() const { return impl_->run ? impl_->run->next_layer() : 0; }
+bool Executor::in_inference() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->run != nullptr;
+}
+int Executor::next_layer() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->run ? impl_->run->next_layer() : 0;
+}
 void Executor::interrupt() { impl_->yield.store(true); }
+
+// Note [Shedding]
+// ~~~~~~~~~~~~~~~
+// A layer cannot be stopped, and one layer of a big model on a busy CPU can take hundreds of
+// milliseconds; a budget cut should not wait for it. shed() (from any thread) takes the executor
+// while the layer runs (the thread using it releases `mu` only around run_layer) and gives back
+// at once everything that layer does not read: reads in flight are cancelled and waited for,
+// the ring's pages are punched out but for the running layer's bytes (and the layers owning
+// weights it reads), resident blocks are dropped (read again later). The layer's own weights and
+// the pinned slots stay: at most the minimum budget. When the layer ends the thread sees
+// `shed_pending` and stops before the next layer; the next set_budget() (or step/begin, at the
+// budget in force) re-plans from there and reads what it needs again. Not on the GPU (kernels
+// run ahead of this thread: there is no one running layer to keep).
+bool Executor::shed(std::uint64_t budget) {
+  Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
+  if (m.cuda || m.released || m.shed_pending || m.plan.total() <= budget) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  // What the running layer reads: its own bytes and those of the layers in its block owning
+  // weights it uses (weights owned outside its block are pinned).
+  std::vector<std::pair<int, int>> keep_layers;  // [first, last] of byte ranges to keep, as layers
+  int block = -1;
+  const int k = m.running_layer;
+  if (k >= 0) {
+    for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
+      if (m.plan.blocks[b].first <= k && k <= m.plan.blocks[b].second) block = static_cast<int>(b);
+    }
+    keep_layers.emplace_back(k, k);
+    for (int s : m.sk.layers()[k].used_slots) {
+      const int owner = m.sk.slots()[s].layer;
+      if (block >= 0 && owner >= m.plan.blocks[block].first && owner < k) keep_layers.emplace_back(owner, owner);
+    }
+  }
+  // Reads: cancelled, and waited for (their pages are about to go).
+  for (auto& f : m.fetches) {
+    if (f.ticket) m.reader->cancel(f.ticket);
+  }
+  for (auto& f : m.fetches) {
+    if (f.ticket) (void)m.reader->wait(f.ticket);
+  }
+  m.fetches.clear();
+  std::uint64_t kept = 0;
+  // The ring: only the running layer's bytes, when it runs from a swapped block.
+  if (m.ring) {
+    std::vector<std::pair<const char*, std::uint64_t>> keep;
+    if (block >= 0 && !m.plan.resident[block] && m.cur_from_fetch && m.cur_fetch.block == block) {
+      for (const auto& [a, b] : keep_layers) {
+        if (a < m.cur_fetch.first) continue;
+        keep.emplace_back(m.cur_fetch.at + (m.offset(a) - m.offset(m.cur_fetch.first)), m.span(a, b));
+        kept += m.span(a, b);
+      }
+    }
+    m.ring->discard_except(keep);
+  }
+  // Resident blocks: dropped (but the running layer's bytes, when it runs from one).
+  if (m.kept) {
+    for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
+      if (!m.plan.resident[b] || m.plan.block_bytes[b] == 0) continue;
+      const std::uint64_t base = m.kept_at[b];
+      std::uint64_t at = base;
+      if (static_cast<int>(b) == block) {
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+        for (const auto& [a, e] : keep_layers) {
+          ranges.emplace_back(base + (m.offset(a) - m.offset(m.plan.blocks[b].first)), m.span(a, e));
+        }
+        std::sort(ranges.begin(), ranges.end());
+        for (const auto& [off, len] : ranges) {
+          if (off > at) m.kept->discard(at, off - at);
+          at = std::max(at, off + len);
+          kept += len;
+        }
+      }
+      m.kept->discard(at, base + m.plan.block_bytes[b] - at);
+      m.kept_state[b] = Executor::Impl::Kept::kNone;
+    }
+  }
+  m.shed_pending = true;
+  m.shed_held = kept + m.pinned_need;
+  log(LogLevel::kDebug, m.path + ": shed down to " + format_bytes(m.shed_held) + " (layer " + std::to_string(k) +
+                            " running) in " +
+                            std::to_string(std::chrono::duration<double, std::milli>(
+                                               std::chrono::steady_clock::now() - t0).count()) +
+                            " ms");
+  return true;
+}
 
 c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   begin(std::move(inputs));
@@ -1012,17 +1170,24 @@ MemoryKind Executor::memory() const { return impl_->ring ? impl_->ring->kind() :
 
 WeightMemory Executor::weight_memory() const {
   const Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
   if (m.released) return WeightMemory{0, m.weight_peak};
+  if (m.shed_pending) return WeightMemory{m.shed_held, m.weight_peak};
   return WeightMemory{(m.ring ? m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need, m.weight_peak};
 }
 void Executor::reset_weight_peak() {
   Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
   m.weight_peak = 0;
-  m.note_in_use();
+  if (!m.shed_pending) m.note_in_use();
 }
-bool Executor::released() const { return impl_->released; }
+bool Executor::released() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->released;
+}
 
 void Executor::release() {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
   if (impl_->run) abort();
   release_all(*impl_);
 }
@@ -1038,13 +1203,17 @@ void release_all(Executor::Impl& m) {
     log(LogLevel::kError, m.path + ": waiting for the GPU before releasing failed: " + e.what());
   }
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
-  m.reader->register_buffers({});  // unpin before freeing
+  if (!m.reader->register_buffers({})) {  // unpin before freeing; drained, so never refused
+    log(LogLevel::kError, m.path + ": internal: reads in flight after draining; the ring is kept");
+    return;
+  }
   m.ring.reset();
   m.kept.reset();
   m.kept_bytes = 0;
   m.kept_state.assign(m.kept_state.size(), Executor::Impl::Kept::kNone);
   m.drop_pinned();
   m.released = true;
+  m.shed_pending = false;
   log(LogLevel::kInfo, m.path + ": released every byte held for weights");
 }
 

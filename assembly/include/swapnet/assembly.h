@@ -237,7 +237,9 @@ struct ExecutionPlan {
   ReadAhead read_ahead = ReadAhead::kRing;  // the pipeline it runs (kTwoEnded: a two-block ring)
   std::uint64_t resident_bytes = 0;         // resident blocks
   std::uint64_t read_bytes = 0;             // read per inference: the swapped blocks
-  std::uint64_t min_read_bytes = 0;         // no plan in this budget reads fewer (min_read_bytes())
+  // No plan in this budget reads fewer bytes per inference (partitioner's min_read_bytes()):
+  // filled by plan_execution(), 0 in an executor's plans (it takes milliseconds to seconds).
+  std::uint64_t min_read_bytes = 0;
   std::uint64_t activation_bytes = 0;       // reserved for activations (measured at pack time)
   std::uint64_t pinned_bytes = 0;           // slots read outside their (swapped) block, kept resident
   std::uint64_t min_budget = 0;             // smallest feasible budget for this image
@@ -287,8 +289,10 @@ class SWAPNET_API Executor {
   // Starts an inference (throws if one is in progress, or the executor is released).
   void begin(std::vector<c10::IValue> inputs);
   // Runs the next block; true once every layer has run. Returns false early, at a layer
-  // boundary, after interrupt(). An error aborts the inference (abort()) and is rethrown.
-  bool step();
+  // boundary: after interrupt() (once at least one layer has run), or before layer
+  // `stop_before` when it falls inside the block.
+  // An error aborts the inference (abort()) and is rethrown.
+  bool step(int stop_before = -1);
   c10::IValue finish();  // after step() returned true: forward's output; the inference ends
   // Ends an inference in progress without an output: reads in flight are cancelled, swapped
   // blocks released; resident blocks already read stay. Nothing happens when none is.
@@ -297,6 +301,14 @@ class SWAPNET_API Executor {
   int next_layer() const;  // of the inference in progress (0 when none)
   // Thread-safe: the step() in progress (or the next one) returns at its next layer boundary.
   void interrupt();
+  // Thread-safe, for a budget cut that cannot wait for the running layer to end: when the plan
+  // in force needs more than `budget`, gives back at once every byte of weights the running
+  // layer does not read (reads ahead cancelled, ring pages punched out, resident blocks
+  // dropped): what stays is that layer's weights and the pinned slots, within the minimum
+  // budget. The step in progress stops after the layer; the next set_budget() (or step(), at
+  // the budget in force) re-plans and reads again what the rest needs. Returns whether anything
+  // was given back (nothing on the GPU, where kernels run ahead of the thread).
+  bool shed(std::uint64_t budget);
 
   // A new budget: re-plans (with the options' planner) and takes effect now. Between
   // inferences the next one runs the new plan; during one (between steps) the rest of it runs

@@ -1,0 +1,268 @@
+// Tests of resumable inference (assembly.h: Executor::begin/step/finish, set_budget between
+// steps): a budget change at any layer of an inference, shrinking or growing, gives outputs
+// bit-identical to in-memory inference on real architectures, and from the change on the
+// executor stays within the new budget (weights in use + activations), with the pages of a
+// larger ring given back before set_budget returns. Budgets below the minimum, I/O errors after
+// a change and abort() leave the executor clean.
+#include <gtest/gtest.h>
+
+#include <torch/script.h>
+
+#include <atomic>
+#include <cerrno>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "packed.h"
+#include "swapnet/assembly.h"
+#include "test_util.h"
+
+namespace swapnet {
+namespace {
+
+using test_util::error_of;
+using test_util::packed;
+using test_util::Packed;
+
+c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
+  c10::InferenceMode guard;
+  return m.forward({x.clone()});
+}
+
+// Bytes of shared memory this process maps now (the mirrored ring is a memfd).
+std::uint64_t rss_shmem() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("RssShmem:", 0) == 0) return std::stoull(line.substr(9)) * 1024;
+  }
+  return 0;
+}
+
+struct Case {
+  const char* model;
+  ReadAhead read_ahead;
+  bool grid;
+};
+
+class Resume : public ::testing::TestWithParam<Case> {};
+
+// Many inferences, each with one to three budget changes at random layers (mid-block included),
+// to random budgets between the minimum and more than the model.
+TEST_P(Resume, BudgetChangesAtAnyLayerAreBitIdenticalAndWithinTheNewBudget) {
+  const Case c = GetParam();
+  Packed pk = packed(c.model, {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  torch::manual_seed(3);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  const std::uint64_t lo = min_budget(info), hi = info.data_size + info.data_size / 4;
+  std::mt19937 rng(11);
+  auto budget = [&] { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  ExecutorOptions o;
+  o.budget = budget();
+  o.read_ahead = c.read_ahead;
+  if (c.grid) o.grid_step = default_grid_step(info);
+  auto ex = Executor::open(pk.img, o);
+  install_cpu_meter();
+  const int L = static_cast<int>(info.layers.size());
+  int changes = 0, mid_block = 0, shrinks = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::uint64_t base = cpu_meter().current;
+    ex->begin({x.clone()});
+    bool done = false;
+    std::vector<int> at;
+    for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) at.push_back(static_cast<int>(rng() % (L + 1)));
+    std::sort(at.begin(), at.end());
+    std::uint64_t in_force = ex->plan().total();
+    for (int k : at) {
+      while (!done && ex->next_layer() < k) done = ex->step(k);
+      // Inside a block unless k is where one starts.
+      bool inside = false;
+      for (const auto& [first, last] : ex->plan().blocks) inside |= first < k && k <= last;
+      mid_block += inside && !done;
+      const std::uint64_t b = budget();
+      shrinks += b < in_force;
+      ex->set_budget(b);
+      ++changes;
+      in_force = b;
+      EXPECT_LE(ex->plan().total(), b);
+      EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, b) << "held at once after the change";
+      if (ex->plan().read_ahead == ReadAhead::kRing) {
+        // The old ring's pages are gone; the new one's are mapped once (but for the one block
+        // that may straddle its end).
+        std::uint64_t largest = 0;
+        for (std::uint64_t bytes : ex->plan().block_bytes) largest = std::max(largest, bytes);
+        EXPECT_LE(rss_shmem(), ex->plan().arena_bytes + largest + (1u << 20)) << "the old ring's pages are given back";
+      }
+      ex->reset_weight_peak();
+      reset_cpu_meter_peak();
+    }
+    while (!done) done = ex->step();
+    Comparison cmp = compare_outputs(expected, ex->finish());
+    ASSERT_TRUE(cmp.equal) << c.model << " trial " << trial << ": " << cmp.difference;
+    const std::uint64_t act = cpu_meter().peak - base;
+    EXPECT_LE(ex->weight_memory().peak + act, in_force)
+        << c.model << " trial " << trial << ": weights in use " << ex->weight_memory().peak << " + activations " << act;
+  }
+  EXPECT_GE(changes, 36);
+  EXPECT_GT(mid_block, 5) << "changes inside a block were exercised";
+  EXPECT_GT(shrinks, 10);
+  // And the next whole inference on the last plan.
+  Comparison cmp = compare_outputs(expected, ex->forward({x.clone()}));
+  EXPECT_TRUE(cmp.equal) << cmp.difference;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Resume,
+                         ::testing::Values(Case{"resnet18", ReadAhead::kRing, false},
+                                           Case{"mobilenet_v2", ReadAhead::kRing, true},
+                                           Case{"resnet18", ReadAhead::kPaper, true}),
+                         [](const auto& i) {
+                           return std::string(i.param.model) + "_" + to_string(i.param.read_ahead) +
+                                  (i.param.grid ? "_grid" : "");
+                         });
+
+// shed() from another thread while a layer runs (how Runtime cuts a budget without waiting for
+// the layer): what is held drops at once to within the new budget, the shared-memory pages go
+// with it, and the inference, moved to the new plan at the next layer boundary, stays
+// bit-identical.
+TEST(ResumeShed, ShedWhileALayerRunsGivesMemoryBackAtOnce) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  const std::uint64_t lo = min_budget(info), hi = info.data_size + info.data_size / 4;
+  ExecutorOptions o;
+  o.budget = hi;
+  auto ex = Executor::open(pk.img, o);
+  // The shedder announces a cut (phase 1: like Runtime, the target is known before shed()),
+  // sheds, measures, and hands the cut over (phase 2); the inference thread moves to it at its
+  // next step boundary, and does not step while a cut is being shed.
+  std::atomic<bool> stop{false};
+  std::atomic<int> phase{0};
+  std::atomic<std::uint64_t> shed_to{0};
+  std::atomic<int> sheds{0}, over{0}, rss_over{0};
+  std::string first_over;
+  std::thread shedder([&] {
+    std::mt19937 rng(7);
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));
+      if (phase.load() != 0) continue;  // the last one is not taken yet
+      const std::uint64_t to = lo + rng() % std::max<std::uint64_t>(1, (info.data_size / 2 - lo));
+      shed_to.store(to);
+      phase.store(1);
+      ex->interrupt();
+      if (ex->shed(to)) {
+        ++sheds;
+        const std::uint64_t held = ex->weight_memory().held, act = ex->plan().activation_bytes;
+        const std::uint64_t shm = rss_shmem();
+        if (held + act > std::max(to, lo)) {
+          if (over++ == 0) first_over = "held " + std::to_string(held) + " + activations " + std::to_string(act) + " > " + std::to_string(to);
+        }
+        if (shm > held + (1u << 20)) ++rss_over;
+      }
+      phase.store(2);
+    }
+  });
+  int moves = 0;
+  for (int trial = 0; trial < 18; ++trial) {
+    ex->begin({x.clone()});
+    bool done = false;
+    while (!done) {
+      done = ex->step();
+      while (phase.load() == 1) std::this_thread::yield();
+      if (phase.load() == 2) {
+        ex->set_budget(shed_to.load());
+        EXPECT_LE(ex->plan().total(), shed_to.load());
+        ++moves;
+        phase.store(0);
+      } else if (!done && trial % 3 == 2) {
+        ex->set_budget(hi);  // and grow again
+      }
+    }
+    Comparison cmp = compare_outputs(expected, ex->finish());
+    ASSERT_TRUE(cmp.equal) << "trial " << trial << ": " << cmp.difference;
+    if (trial % 3 == 2) ex->set_budget(hi);
+  }
+  stop.store(true);
+  shedder.join();
+  if (phase.load() == 2) ex->set_budget(shed_to.load());
+  EXPECT_GT(sheds.load(), 5) << "sheds happened while inferences ran";
+  EXPECT_GT(moves, 5);
+  EXPECT_EQ(over.load(), 0) << "after shed() the executor holds within the new budget: " << first_over;
+  EXPECT_EQ(rss_over.load(), 0) << "the shed pages are given back";
+  Comparison cmp = compare_outputs(expected, ex->forward({x.clone()}));
+  EXPECT_TRUE(cmp.equal) << cmp.difference;
+}
+
+// Below the minimum during an inference: refused with the numbers, and the inference goes on
+// under the plan it had, bit-identical.
+TEST(ResumeFaults, BudgetBelowTheMinimumKeepsTheInferenceGoing) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+  auto ex = Executor::open(pk.img, o);
+  const ExecutionPlan before = ex->plan();
+  ex->begin({x.clone()});
+  for (int s = 0; s < 3; ++s) ex->step();
+  const std::string e = error_of([&] { ex->set_budget(min_budget(pk.info) - 4096); });
+  EXPECT_NE(e.find("is below the minimum"), std::string::npos) << e;
+  EXPECT_NE(e.find("the minimum for this model is " + std::to_string(min_budget(pk.info))), std::string::npos) << e;
+  EXPECT_TRUE(ex->in_inference());
+  EXPECT_EQ(ex->plan().blocks, before.blocks) << "the old plan stays";
+  while (!ex->step()) {
+  }
+  Comparison c = compare_outputs(expected, ex->finish());
+  EXPECT_TRUE(c.equal) << c.difference;
+}
+
+// An I/O error after a change fails that inference only, naming the image, the block and the
+// errno; the next one is bit-identical. abort() gives the ring back; begin() twice is refused.
+TEST(ResumeFaults, IoErrorAfterAChangeFailsThatInferenceOnly) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  std::atomic<bool> fail{false};
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 2, min_budget(pk.info));
+  o.reader.fault = [&](std::uint64_t, std::size_t, long res) -> long { return fail ? -EIO : res; };
+  auto ex = Executor::open(pk.img, o);
+  ex->begin({x.clone()});
+  ex->step();
+  ex->step();
+  fail = true;
+  ex->set_budget(std::max(pk.info.data_size / 4, min_budget(pk.info)));
+  std::string e;
+  try {
+    while (!ex->step()) {
+    }
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find(pk.img + ": read"), std::string::npos) << e;
+  EXPECT_NE(e.find("(EIO)"), std::string::npos) << e;
+  EXPECT_NE(e.find("(block "), std::string::npos) << e;
+  EXPECT_FALSE(ex->in_inference()) << "the failed inference ended";
+  fail = false;
+  Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << c.difference;
+
+  const MemoryStats idle = memory_stats();
+  ex->begin({x.clone()});
+  ex->step();
+  EXPECT_NE(error_of([&] { ex->begin({x.clone()}); }).find("already in progress"), std::string::npos);
+  ex->abort();
+  EXPECT_FALSE(ex->in_inference());
+  EXPECT_LE(memory_stats().current, idle.current) << "nothing read ahead stays after abort";
+  EXPECT_NE(error_of([&] { ex->finish(); }).find("finish() before"), std::string::npos);
+  c = compare_outputs(expected, ex->forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << c.difference;
+}
+
+}  // namespace
+}  // namespace swapnet
