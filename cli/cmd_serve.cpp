@@ -373,7 +373,9 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"requests", lat[i].size()},
                {"rejected", m.rejected},
                {"failed", m.failed},
-               {"budget_changes", m.budget_changes}};
+               {"abandoned", m.abandoned},
+               {"budget_changes", m.budget_changes},
+               {"mid_inference_moves", m.mid_inference_moves}};
     if (o.check) {
       mj["equal"] = static_cast<bool>(equal[i]);
       mj["max_abs_diff"] = max_diff[i];
@@ -392,7 +394,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   j["adaptations"] = json::array();
   for (const auto& a : rt->adaptations()) {
     j["adaptations"].push_back({{"at_s", a.at_s}, {"budget_bytes", a.budget_bytes}, {"budgets", a.budgets},
-                                {"plan_ms", a.plan_ms}, {"took_ms", a.took_ms}, {"note", a.note}});
+                                {"plan_ms", a.plan_ms}, {"took_ms", a.took_ms}, {"plans_ms", a.plans_ms}, {"moved_ms", a.moved_ms},
+                                {"move_ms", a.move_ms}, {"note", a.note}});
   }
   if (!o.timeline.empty()) {
     std::ofstream t(o.timeline);

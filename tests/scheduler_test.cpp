@@ -274,7 +274,9 @@ TEST(Runtime, StressHundredsOfBudgetChangesWhileServing) {
           ++served;
           if (!compare_outputs(s.expected[i], out).equal) ++differ;
         } catch (const Error& e) {
-          if (std::string(e.what()).find(": paused: ") != std::string::npos) {
+          const std::string what = e.what();
+          if (what.find(": paused: ") != std::string::npos ||
+              what.find(": paused in the middle of an inference, which was abandoned: ") != std::string::npos) {
             ++paused;
           } else {
             ++other;
@@ -305,27 +307,37 @@ TEST(Runtime, StressHundredsOfBudgetChangesWhileServing) {
   }
   rt->set_budget(fulls);  // everyone runs again
   ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Serving goes on after the changes (how many were served during them depends on the load
+  // on the machine: the mid-inference moves below show they were).
+  const int before = served.load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (served.load() < before + 20 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   stop.store(true);
   for (auto& t : clients) t.join();
   EXPECT_EQ(checked, changes / 5);
   EXPECT_EQ(differ.load(), 0);
   EXPECT_EQ(other.load(), 0);
-  EXPECT_GT(served.load(), 50);
-  std::uint64_t moves = 0;
+  EXPECT_GE(served.load(), before + 20) << "serving goes on after the changes";
+  std::uint64_t moves = 0, mid = 0;
   for (const auto& m : rt->status()) {
     EXPECT_EQ(m.over_budget, 0u) << m.name;
     EXPECT_EQ(m.failed, 0u) << m.name;
-    EXPECT_GT(m.requests, 10u) << m.name;
+    EXPECT_GT(m.requests, 5u) << m.name;
     EXPECT_LE(m.peak_model_bytes, m.full_bytes) << m.name;
     moves += m.budget_changes;
+    mid += m.mid_inference_moves;
   }
   EXPECT_GT(moves, 100u) << "the models moved between plans";
+  EXPECT_GT(mid, moves / 4) << "most moves happen in the middle of an inference, between blocks";
   int effected = 0;
   for (const auto& a : rt->adaptations()) effected += a.took_ms >= 0;
   EXPECT_GE(effected, changes / 5);
-  std::printf("stress: %d served, %d refused while paused, %llu plan changes, %d changes took effect\n",
-              served.load(), paused.load(), static_cast<unsigned long long>(moves), effected);
+  std::printf("stress: %d served, %d refused while paused, %llu plan changes (%llu mid-inference), %d changes took "
+              "effect\n",
+              served.load(), paused.load(), static_cast<unsigned long long>(moves),
+              static_cast<unsigned long long>(mid), effected);
 }
 
 TEST(Runtime, ACutBelowTheMinimumsPausesOneModelAndKeepsTheOther) {

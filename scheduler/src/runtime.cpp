@@ -2,17 +2,21 @@
 // budgeter, budget changes applied at inference boundaries.
 //
 // Note [Moving to a new budget]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // set_budget() only computes targets; each worker moves its own executor (an Executor is used
-// by one thread), between inferences: an idle worker at once, a busy one when its inference
-// ends (an in-flight inference is never failed). A model whose target is below its budget in
-// force may move at any time; one whose target is above may move only once no model has a
-// shrink pending. So while a change is under way memory stays within the larger of the old
-// and the new totals, and once every model has moved it is within the new one. The change has
-// "taken effect" when every model runs at its target: Adaptation::took_ms is that moment,
-// measured from set_budget(). A later change may supersede one still under way (its took_ms
-// stays -1). A model whose target is 0 (paused: the minimums do not all fit) releases every
-// byte it holds and refuses requests until a later change gives it a budget again.
+// by one thread): an idle worker at once; a busy one between two steps of its inference (the
+// executor's inference is resumable, Note [Read-ahead ring]): the rest of the inference runs
+// on the new plan, so a move waits for at most one block. A model that must shrink is also
+// interrupted, so it moves at its next *layer* boundary (Executor::interrupt). A model whose
+// target is below its budget in force may move at any time; one whose target is above may move
+// only once no model has a shrink pending. So while a change is under way memory stays within
+// the larger of the old and the new totals, and once every model has moved it is within the new
+// one. The change has "taken effect" when every model runs at its target:
+// Adaptation::took_ms is that moment, measured from set_budget(). A later change may supersede
+// one still under way (its took_ms stays -1). A model whose target is 0 (paused: the minimums
+// do not all fit) releases every byte it holds at once, failing the inference it was running
+// (it cannot finish within the new total), and refuses requests until a later change gives it
+// a budget again.
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
@@ -25,6 +29,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "swapnet/scheduler.h"
 
@@ -50,6 +55,10 @@ struct Worker {
   std::uint64_t budget = 0;  // in force; 0 = paused
   bool moving = false;       // move() is under way (unlocked), towards `moving_to`
   std::uint64_t moving_to = 0;
+  // Executor::shed() gave back all but the running layer's weights for a cut to `shed_target`
+  // (0: paused); cleared when the worker next moves or goes on.
+  bool shed = false;
+  std::uint64_t shed_target = 0;
   ModelStatus st;
   std::thread thread;
 };
@@ -70,17 +79,34 @@ struct Runtime::Impl {
   Clock::time_point t0 = Clock::now();
   Clock::time_point notified;
 
-  // What model j may hold now: its budget in force, or more while it moves to a larger one.
-  std::uint64_t holds(size_t j) const { return w[j]->moving ? std::max(w[j]->budget, w[j]->moving_to) : w[j]->budget; }
+  // What model j may hold now: its budget in force, or more while it moves to a larger one; once
+  // shed, at most its minimum (the running layer's weights, activations), within its new budget.
+  std::uint64_t holds(size_t j) const {
+    const Worker& x = *w[j];
+    if (x.moving) return std::max(x.budget, x.moving_to);
+    if (x.shed) return std::min(x.budget, x.shed_target > 0 ? x.shed_target : demands[j].min_bytes);
+    return x.budget;
+  }
   bool shrink_pending() const {
     for (size_t j = 0; j < w.size(); ++j) {
       if (target[j] < holds(j)) return true;
     }
     return false;
   }
+  // Every model runs at its target.
   bool settled() const {
     for (size_t j = 0; j < w.size(); ++j) {
       if (w[j]->moving || target[j] != w[j]->budget) return false;
+    }
+    return true;
+  }
+  // The change is in effect: every model runs at its target, or has shed down to within it and
+  // moves when its running layer ends.
+  bool in_effect() const {
+    for (size_t j = 0; j < w.size(); ++j) {
+      const Worker& x = *w[j];
+      const bool at_target = !x.moving && target[j] == x.budget;
+      if (!at_target && !(x.shed && target[j] > 0 && holds(j) <= target[j])) return false;
     }
     return true;
   }
@@ -89,14 +115,16 @@ struct Runtime::Impl {
     if (target[i] == w[i]->budget) return false;
     return target[i] < w[i]->budget || !shrink_pending();
   }
-  // Under mu: every model runs at its target.
+  // Under mu: records when the latest change took effect, and when every model ran its new plan.
   void note_if_settled() {
-    if (!settled()) return;
-    if (!adaptations.empty() && adaptations.back().took_ms < 0) {
-      adaptations.back().took_ms = ms_between(notified, Clock::now());
-      log(LogLevel::kInfo, "runtime: budget " + format_bytes(adaptations.back().budget_bytes) + " in effect after " +
-                               std::to_string(adaptations.back().took_ms) + " ms");
+    if (adaptations.empty()) return;
+    Adaptation& a = adaptations.back();
+    if (a.took_ms < 0 && in_effect()) {
+      a.took_ms = ms_between(notified, Clock::now());
+      log(LogLevel::kInfo, "runtime: budget " + format_bytes(a.budget_bytes) + " in effect after " +
+                               std::to_string(a.took_ms) + " ms");
     }
+    if (a.plans_ms < 0 && settled()) a.plans_ms = ms_between(notified, Clock::now());
   }
   void record_plan(Worker& x) {
     const ExecutionPlan& p = x.exec->plan();
@@ -111,6 +139,7 @@ struct Runtime::Impl {
     x.moving = true;
     x.moving_to = b;
     lk.unlock();
+    const Clock::time_point started = Clock::now();
     std::string failure;
     try {
       if (b == 0) {
@@ -129,6 +158,7 @@ struct Runtime::Impl {
     reset_cpu_account_peak(x.account);
     lk.lock();
     x.moving = false;
+    x.shed = false;
     // What was applied is `b`: a later set_budget() may have changed target[i] meanwhile, and
     // then the worker moves again.
     x.budget = failure.empty() ? b : 0;
@@ -136,6 +166,13 @@ struct Runtime::Impl {
       log(LogLevel::kError, x.spec.name + ": cannot move to " + format_bytes(b) + ": " + failure + "; paused");
       if (target[i] == b) target[i] = 0;
       reason[i] = failure;
+    }
+    if (!adaptations.empty() && adaptations.back().plans_ms < 0) {
+      Adaptation& a = adaptations.back();
+      a.moved_ms.resize(w.size(), -1);
+      a.move_ms.resize(w.size(), -1);
+      a.moved_ms[i] = ms_between(notified, Clock::now());
+      a.move_ms[i] = ms_between(started, Clock::now());
     }
     x.st.paused = x.budget == 0;
     x.st.paused_reason = x.st.paused ? reason[i] : "";
@@ -145,28 +182,47 @@ struct Runtime::Impl {
     note_if_settled();
     cv.notify_all();
   }
+  // Worker i, under `lk`: runs one request block by block, moving to a new target between
+  // blocks (Note [Moving to a new budget]).
   void serve(size_t i, Request r, std::unique_lock<std::mutex>& lk) {
     Worker& x = *w[i];
-    const std::uint64_t budget = x.budget;
     lk.unlock();
-    bool ok = false;
-    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0;
+    bool ok = false, abandoned = false;
+    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0;
     try {
       x.exec->reset_weight_peak();
       reset_cpu_account_peak(x.account);
-      const std::uint64_t base = cpu_account(x.account).current;
-      c10::IValue out = x.exec->forward(std::move(r.inputs));
+      base = cpu_account(x.account).current;
+      x.exec->begin(std::move(r.inputs));
+      while (!x.exec->step()) {
+        lk.lock();
+        if (can_move(i)) {
+          ++x.st.mid_inference_moves;
+          move(i, lk);  // resets the peaks: what follows is measured against the new budget
+        }
+        x.shed = false;  // moved, or goes on within the budget in force (re-read at the next step)
+        const bool paused = x.budget == 0;
+        const std::string why = reason[i];
+        lk.unlock();
+        if (paused || !x.exec->in_inference()) {
+          abandoned = true;
+          throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
+        }
+      }
+      c10::IValue out = x.exec->finish();
       act = cpu_account(x.account).peak - base;
       const WeightMemory wm = x.exec->weight_memory();
       held = wm.held;
       model_peak = wm.peak + act;
-      if (wm.held + act > budget) over = wm.held + act;
       r.done.set_value(std::move(out));
       ok = true;
     } catch (...) {
+      if (x.exec->in_inference()) x.exec->abort();
       r.done.set_exception(std::current_exception());
     }
     lk.lock();
+    budget = x.budget;
+    if (ok && held + act > budget) over = held + act;
     if (ok) {
       ++x.st.requests;
       x.st.peak_model_bytes = std::max(x.st.peak_model_bytes, model_peak);
@@ -179,6 +235,8 @@ struct Runtime::Impl {
                      std::to_string(x.exec->plan().blocks.size()) + " blocks, activations reserved " +
                      std::to_string(x.exec->plan().activation_bytes) + ")");
       }
+    } else if (abandoned) {
+      ++x.st.abandoned;
     } else {
       ++x.st.failed;
     }
@@ -360,6 +418,7 @@ std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inp
 
 void Runtime::set_budget(std::uint64_t total) {
   Impl& m = *impl_;
+  std::vector<std::tuple<size_t, std::uint64_t, std::uint64_t>> shrink;  // model, target, its moves so far
   const Clock::time_point t = Clock::now();
   const Allocation a = m.plan(total);
   const double plan_ms = ms_between(t, Clock::now());
@@ -375,6 +434,24 @@ void Runtime::set_budget(std::uint64_t total) {
     ad.plan_ms = plan_ms;
     ad.note = a.note;
     m.adaptations.push_back(std::move(ad));
+    m.note_if_settled();
+    // Models that must shrink stop at their next layer boundary to move, and give back at once
+    // what their running layer does not read (Note [Shedding] in executor.cpp).
+    for (size_t i = 0; i < m.w.size(); ++i) {
+      if (m.target[i] < m.holds(i)) {
+        m.w[i]->exec->interrupt();
+        shrink.emplace_back(i, m.target[i], m.w[i]->st.budget_changes);
+      }
+    }
+  }
+  m.cv.notify_all();
+  for (const auto& [i, to, moves] : shrink) {
+    Worker& x = *m.w[i];
+    if (!x.exec->shed(to)) continue;
+    std::lock_guard<std::mutex> lk(m.mu);
+    if (x.st.budget_changes != moves || x.moving || m.target[i] != to) continue;  // it has moved meanwhile
+    x.shed = true;
+    x.shed_target = to;
     m.note_if_settled();
   }
   log(LogLevel::kInfo, "runtime: budget " + format_bytes(total) + ": " + a.note);

@@ -105,8 +105,10 @@ struct ModelStatus {
   std::uint64_t over_budget = 0;
   std::uint64_t requests = 0;        // inferences served
   std::uint64_t rejected = 0;        // requests refused while paused
-  std::uint64_t failed = 0;          // inferences that threw
+  std::uint64_t failed = 0;          // inferences that threw (but for `abandoned`)
+  std::uint64_t abandoned = 0;       // inferences failed because the model was paused during them
   std::uint64_t budget_changes = 0;  // plans adopted after open
+  std::uint64_t mid_inference_moves = 0;  // of those, in the middle of an inference (between blocks)
 };
 
 struct Adaptation {
@@ -114,9 +116,15 @@ struct Adaptation {
   std::uint64_t budget_bytes = 0;    // the new total
   std::vector<std::uint64_t> budgets;  // per model (0: paused)
   double plan_ms = 0;                // budgeter (allocate) time
-  // From set_budget() to the last model running on its new plan (an in-flight inference ends
-  // first); -1 while pending, or when a later change superseded this one first.
+  // From set_budget() to the change in effect: every model runs its new plan, or (a shrinking
+  // one in the middle of a layer) has given back all but that layer's weights and moves when it
+  // ends (Executor::shed); -1 while pending, or when a later change superseded this one first.
   double took_ms = -1;
+  // From set_budget() to every model running its new plan (-1 likewise).
+  double plans_ms = -1;
+  // Per model: from set_budget() to its move done (-1: it did not move for this change), and how
+  // long the move itself took (re-planning, cancelling reads, giving memory back, the new ring).
+  std::vector<double> moved_ms, move_ms;
   std::string note;                  // the Allocation's note
 };
 
@@ -141,10 +149,12 @@ class SWAPNET_API Runtime {
   std::future<c10::IValue> submit(int model, std::vector<c10::IValue> inputs);
 
   // A new total: re-runs the budgeter and returns (microseconds). Each model moves to its new
-  // plan at its next inference boundary (an idle one at once): shrinking models first, growing
-  // ones after every shrink is done, so memory never exceeds the larger of the two totals
-  // during the change and stays within the new total once it has taken effect. A total below
-  // the sum of minimums pauses models (said in the note) and keeps the rest running.
+  // plan between two blocks of the inference it is running (an idle one at once; a shrinking
+  // one at its next layer boundary): shrinking models first, growing ones after every shrink is
+  // done, so memory never exceeds the larger of the two totals during the change and stays
+  // within the new total once it has taken effect. A total below the sum of minimums pauses
+  // models (said in the note; an inference a paused model was running fails) and keeps the
+  // rest running.
   void set_budget(std::uint64_t total);
   // Waits until the latest set_budget() has taken effect in every model; false on timeout.
   bool wait_adapted(std::chrono::milliseconds timeout) const;
