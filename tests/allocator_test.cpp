@@ -23,14 +23,13 @@ TEST(CudaDevice, ProbeIsConsistent) {
   }
 }
 
-// The mirrored ring: any block up to the capacity is contiguous, wherever it starts, and a byte
-// written through one view is seen through the other; FIFO order; accounting.
-TEST(BlockRing, MirroredBlocksAreContiguousAcrossTheSeam) {
+// The contiguous ring: blocks in FIFO order, each one contiguous range; a block that does not
+// fit before the end goes to the start, up to the oldest block; accounting.
+TEST(BlockRing, BlocksGoAfterTheNewestOrFromTheStart) {
   const std::uint64_t cap = 64 * 4096;
   auto ring = BlockRing::create(cap, MemoryKind::kHost);
-  ASSERT_TRUE(ring->mirrored());
+  ASSERT_TRUE(ring->deep());
   EXPECT_EQ(ring->capacity(), cap);
-  EXPECT_EQ(ring->mapped_bytes(), 2 * cap);
   const MemoryStats before = memory_stats();
   char* a = static_cast<char*>(ring->push(40 * 4096));
   ASSERT_NE(a, nullptr);
@@ -38,65 +37,83 @@ TEST(BlockRing, MirroredBlocksAreContiguousAcrossTheSeam) {
   char* b = static_cast<char*>(ring->push(20 * 4096));
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b, a + 40 * 4096);
-  EXPECT_FALSE(ring->fits(5 * 4096)) << "60 of 64 pages used";
+  EXPECT_FALSE(ring->fits(5 * 4096)) << "4 pages left at the end, none before the oldest";
   EXPECT_EQ(ring->push(5 * 4096), nullptr);
   EXPECT_EQ(memory_stats().current - before.current, 60u * 4096);
   ring->pop();  // a goes
   EXPECT_EQ(ring->used(), 20u * 4096);
-  // 30 pages from page 60: wraps around the end, yet contiguous through the second mapping.
+  // 30 pages: not before the end (4 left), so from the start, up to b at page 40.
   char* c = static_cast<char*>(ring->push(30 * 4096));
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c, ring->base() + 60 * 4096);
+  EXPECT_EQ(c, ring->base());
   std::memset(c, 0x5A, 30 * 4096);
-  EXPECT_EQ(ring->base()[0], 0x5A) << "the wrapped part is the start of the ring";
-  EXPECT_EQ(ring->base()[26 * 4096 - 1], 0x5A);
+  EXPECT_TRUE(ring->fits(10 * 4096)) << "pages 30..40 are free";
+  EXPECT_FALSE(ring->fits(11 * 4096));
   EXPECT_EQ(ring->blocks(), 2u);
+  ring->pop();  // b goes: c is the oldest, the newest follows it
+  char* d = static_cast<char*>(ring->push(34 * 4096));
+  EXPECT_EQ(d, c + 30 * 4096);
   ring->clear();
   EXPECT_EQ(ring->used(), 0u);
   EXPECT_EQ(memory_stats().current, before.current);
+  EXPECT_EQ(ring->push(64 * 4096), ring->base()) << "an empty ring starts over";
 }
 
-// Random FIFO use never overlaps blocks held at the same time, and a block that fits next to
-// the others is always accepted (no space lost to wrap-around).
-TEST(BlockRing, RandomUseNeverOverlapsAndNeverWastesSpace) {
-  const std::uint64_t cap = 97 * 4096;
+// Random FIFO use never overlaps blocks held at the same time, every block lies within the
+// ring, and a block that fits with one largest block to spare is always accepted (what
+// wrap-around may lose is at most one block).
+TEST(BlockRing, RandomUseNeverOverlapsAndLosesAtMostOneBlock) {
+  const std::uint64_t cap = 97 * 4096, largest = 40;
   auto ring = BlockRing::create(cap, MemoryKind::kHost);
   std::mt19937 rng(7);
   std::deque<std::pair<std::uint64_t, std::uint64_t>> held;  // ring offset, pages
   std::uint64_t used = 0;
+  int pushed = 0, refused = 0;
   for (int i = 0; i < 5000; ++i) {
-    const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, 40)(rng);
-    const bool fits = used + pages * 4096 <= cap;
-    EXPECT_EQ(ring->fits(pages * 4096), fits);
+    const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, largest)(rng);
+    const bool fits = ring->fits(pages * 4096);
+    if (used + (pages + largest) * 4096 <= cap) EXPECT_TRUE(fits) << i;
+    if (used + pages * 4096 > cap) EXPECT_FALSE(fits) << i;
     if (fits && rng() % 3 != 0) {
       char* p = static_cast<char*>(ring->push(pages * 4096));
       ASSERT_NE(p, nullptr);
       const std::uint64_t off = static_cast<std::uint64_t>(p - ring->base());
-      ASSERT_LT(off, cap);
+      ASSERT_LE(off + pages * 4096, cap);
       for (const auto& [o, n] : held) {
-        // Disjoint on the circle of `cap` bytes.
-        const std::uint64_t d = (o + cap - off) % cap;  // from the new block to the old one
-        EXPECT_TRUE(d >= pages * 4096 && (off + cap - o) % cap >= n * 4096) << i;
+        EXPECT_TRUE(off + pages * 4096 <= o || o + n * 4096 <= off) << i;
       }
       held.emplace_back(off, pages);
       used += pages * 4096;
+      ++pushed;
     } else if (!held.empty()) {
+      refused += !fits;
       ring->pop();
       used -= held.front().second * 4096;
       held.pop_front();
     }
     EXPECT_EQ(ring->used(), used);
   }
+  EXPECT_GT(pushed, 1000);
+  EXPECT_GT(refused, 100) << "full rings were exercised";
 }
 
-// Kinds that cannot be mirrored hold two blocks at opposite ends.
-TEST(BlockRing, TwoEndedWhereNotMirrored) {
+// Memory the GPU reads in place, or a ring asked not to be deep, holds two blocks at opposite ends.
+TEST(BlockRing, TwoEndedWhereNotDeep) {
+  {
+    auto ring = BlockRing::create(16 * 4096, MemoryKind::kHost, false);
+    EXPECT_FALSE(ring->deep());
+    char* a = static_cast<char*>(ring->push(4 * 4096));
+    char* b = static_cast<char*>(ring->push(4 * 4096));
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(b, ring->base() + 12 * 4096) << "the high end";
+    EXPECT_EQ(ring->push(4096), nullptr) << "two blocks at most";
+  }
   if (!cuda_device().usable) {
     EXPECT_THROW(BlockRing::create(1 << 20, MemoryKind::kRegistered), Error) << "registered memory needs a GPU";
     return;
   }
   auto ring = BlockRing::create(16 * 4096, MemoryKind::kManaged);
-  EXPECT_FALSE(ring->mirrored());
+  EXPECT_FALSE(ring->deep());
   char* a = static_cast<char*>(ring->push(4 * 4096));
   char* b = static_cast<char*>(ring->push(4 * 4096));
   ASSERT_TRUE(a && b);

@@ -31,16 +31,6 @@ c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
   return m.forward({x.clone()});
 }
 
-// Bytes of shared memory this process maps now (the mirrored ring is a memfd).
-std::uint64_t rss_shmem() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("RssShmem:", 0) == 0) return std::stoull(line.substr(9)) * 1024;
-  }
-  return 0;
-}
-
 struct Case {
   const char* model;
   ReadAhead read_ahead;
@@ -90,13 +80,9 @@ TEST_P(Resume, BudgetChangesAtAnyLayerAreBitIdenticalAndWithinTheNewBudget) {
       in_force = b;
       EXPECT_LE(ex->plan().total(), b);
       EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, b) << "held at once after the change";
-      if (ex->plan().read_ahead == ReadAhead::kRing) {
-        // The old ring's pages are gone; the new one's are mapped once (but for the one block
-        // that may straddle its end).
-        std::uint64_t largest = 0;
-        for (std::uint64_t bytes : ex->plan().block_bytes) largest = std::max(largest, bytes);
-        EXPECT_LE(rss_shmem(), ex->plan().arena_bytes + largest + (1u << 20)) << "the old ring's pages are given back";
-      }
+      // The old ring's and resident arena's pages are gone with them.
+      const WeightMemory wm = ex->weight_memory();
+      EXPECT_LE(wm.resident_pages, wm.held) << "pages held beyond the new plan's buffers";
       ex->reset_weight_peak();
       reset_cpu_meter_peak();
     }
@@ -158,11 +144,11 @@ TEST(ResumeShed, ShedWhileALayerRunsGivesMemoryBackAtOnce) {
       if (ex->shed(to)) {
         ++sheds;
         const std::uint64_t held = ex->weight_memory().held, act = ex->plan().activation_bytes;
-        const std::uint64_t shm = rss_shmem();
+        const std::uint64_t shm = ex->weight_memory().resident_pages;
         if (held + act > std::max(to, lo)) {
           if (over++ == 0) first_over = "held " + std::to_string(held) + " + activations " + std::to_string(act) + " > " + std::to_string(to);
         }
-        if (shm > held + (1u << 20)) ++rss_over;
+        if (shm > held + 64 * 4096) ++rss_over;  // pages around the kept ranges
       }
       phase.store(2);
     }

@@ -1,9 +1,12 @@
-// Swapped execution within a budget: plan blocks, fetch block i+1 while block i runs, bind by
-// reference, release after use. Also the CPU allocation meter used to account activations.
+// Swapped execution within a budget: plan blocks, read swapped blocks ahead into a ring while
+// earlier ones run, bind by reference, release after use; inference resumable between layers.
+// Also the CPU allocation meter used to account activations.
 //
-// Budget accounting (ExecutionPlan): budget = arena + activations + pinned slots, where
-//  - arena: the two-ended block arena (Note [Two-ended arena]), sized to the largest pair of
-//    adjacent blocks, so block i+1 can arrive while block i executes;
+// Budget accounting (ExecutionPlan): budget = ring + resident + activations + pinned slots, where
+//  - ring: the read-ahead ring of swapped blocks (Note [Read-ahead ring]; at least the largest
+//    pair of adjacent swapped blocks, deeper where the budget allows; two-ended on the GPU and
+//    with ReadAhead::kPaper);
+//  - resident: blocks read once and kept across inferences;
 //  - activations: the peak bytes forward allocated at the image's example input (measured by
 //    the CPU meter when packing);
 //  - pinned: slots read by a layer outside the block that owns them (shared weights); they are
@@ -35,6 +38,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -48,7 +53,6 @@
 #include "swapnet/assembly.h"
 
 namespace swapnet {
-
 // ---- CPU meter --------------------------------------------------------------------------
 
 namespace {
@@ -208,7 +212,8 @@ Blocks from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std:
 // One block is kept resident (read once), as before partitions had flags.
 std::vector<char> default_flags(const Blocks& blocks) { return std::vector<char>(blocks.size(), blocks.size() == 1); }
 
-// The pipeline an executor with these options runs: a mirrored ring needs host memory.
+// The pipeline an executor with these options runs: the deep ring is for host memory (the GPU
+// paths keep two blocks, Note [Swapping onto the GPU]).
 ReadAhead effective_read_ahead(const ExecutorOptions& o) {
   if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
   const bool host = o.device == ExecutorOptions::Device::kCPU && (o.memory == MemoryKind::kHost || !cuda_device().usable);
@@ -250,6 +255,17 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   if (ra != ReadAhead::kPaper && p.read_bytes > 0) {
     part.ring_bytes = std::max<std::uint64_t>(ring, 1);
     evaluate(costs, m, &part);
+    if (ra == ReadAhead::kRing) {
+      // The contiguous ring may lose up to a block at its end (Note [Block ring]); where two
+      // blocks at the two ends of the same memory are predicted faster, run that.
+      Partition two = part;
+      two.ring_depth = 2;
+      evaluate(costs, m, &two);
+      if (two.predicted_ms < part.predicted_ms - 1e-12) {
+        part = two;
+        p.read_ahead = ReadAhead::kTwoEnded;
+      }
+    }
   }
   p.predicted_ms = part.predicted_ms;
   return p;
@@ -769,11 +785,9 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
   }
   // io_uring fixed buffers pin (and map, zero-filling) the pages they cover when registered. The
-  // ring's first view is registered once the reader is idle (now between inferences; after a
-  // move during one, at the next inference boundary the reader is idle at): a move is not made
-  // to wait for the whole new ring to be zero-filled. The pieces of a block that wrap into the
-  // second view are read unregistered, so that view maps only what a block straddling the end
-  // uses. Resident blocks are read once per plan: not registered.
+  // ring is registered once the reader is idle (now between inferences; after a move during
+  // one, at the next inference boundary the reader is idle at): a move is not made to wait for
+  // the whole new ring to be zero-filled. Resident blocks are read once per plan: not registered.
   m.registered = false;
   if (!m.run) m.register_ring();
   const auto t_ring = std::chrono::steady_clock::now();
@@ -832,7 +846,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
                            " resident, " + format_bytes(m.plan.resident_bytes) + "), ring " +
                            format_bytes(m.plan.arena_bytes) +
                            (m.ring ? std::string(" (") + to_string(m.ring->kind()) +
-                                         (m.ring->mirrored() ? ", mirrored)" : ", two-ended)")
+                                         (m.ring->deep() ? ", deep)" : ", two-ended)")
                                    : std::string()) +
                            ", activations " + format_bytes(m.plan.activation_bytes) + ", pinned " +
                            format_bytes(m.plan.pinned_bytes));
@@ -1168,12 +1182,33 @@ double Executor::bind_us_per_tensor() const {
 IoBackend Executor::backend() const { return impl_->reader->backend(); }
 MemoryKind Executor::memory() const { return impl_->ring ? impl_->ring->kind() : impl_->opt.memory; }
 
+namespace {
+// Bytes of [p, p + bytes) whose pages are resident now.
+std::uint64_t resident_bytes_of(const void* p, std::uint64_t bytes) {
+  if (p == nullptr || bytes == 0) return 0;
+  const std::uintptr_t page = 4096, a = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const std::uintptr_t e = reinterpret_cast<std::uintptr_t>(p) + bytes;
+  std::vector<unsigned char> v((e - a + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(a), e - a, v.data()) != 0) return 0;
+  std::uint64_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n * page;
+}
+}  // namespace
+
 WeightMemory Executor::weight_memory() const {
   const Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  if (m.released) return WeightMemory{0, m.weight_peak};
-  if (m.shed_pending) return WeightMemory{m.shed_held, m.weight_peak};
-  return WeightMemory{(m.ring ? m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need, m.weight_peak};
+  WeightMemory w;
+  w.peak = m.weight_peak;
+  if (m.released) return w;
+  w.held = m.shed_pending ? m.shed_held : (m.ring ? m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need;
+  if (!m.cuda) {
+    if (m.ring) w.resident_pages += resident_bytes_of(m.ring->base(), m.ring->capacity());
+    if (m.kept) w.resident_pages += resident_bytes_of(m.kept->base(), m.kept->capacity());
+    w.resident_pages += resident_bytes_of(m.pinned_buf, m.pinned_need);
+  }
+  return w;
 }
 void Executor::reset_weight_peak() {
   Impl& m = *impl_;

@@ -149,26 +149,54 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
       if (next % n == n - 1) ends[next / n] = t_compute;
     }
   };
-  std::deque<size_t> held;  // swapped items read or being read, not yet executed
-  std::uint64_t held_bytes = 0;
+  // Swapped items read or being read, not yet executed, where the ring holds them: the
+  // executor's contiguous ring (Note [Block ring] in allocator/src/ring.cpp), page-rounded, a
+  // block that does not fit before the end going to the start, up to the oldest.
+  struct Held {
+    size_t g;
+    std::uint64_t off, bytes;
+  };
+  constexpr std::uint64_t kPage = 4096;
+  const std::uint64_t cap = ring_depth == 2 ? ring_bytes : ring_bytes / kPage * kPage;
+  std::deque<Held> held;
+  std::uint64_t head = 0, held_bytes = 0;
+  bool wrapped = false;
+  auto slot = [&](std::uint64_t bytes) -> std::uint64_t {  // cap: does not fit
+    if (ring_depth == 2) return held_bytes + bytes <= cap ? 0 : cap;  // two ends: bytes only
+    if (held.empty()) return bytes <= cap ? 0 : cap;
+    const std::uint64_t oldest = held.front().off;
+    if (wrapped) return bytes <= oldest - head ? head : cap;
+    if (bytes <= cap - head) return head;
+    return bytes <= oldest ? 0 : cap;
+  };
   for (size_t g = 0; g < total; ++g) {
     const Item& it = items[g % n];
     if (!it.swapped) continue;
+    const std::uint64_t bytes = ring_depth == 2 ? it.bytes : (it.bytes + kPage - 1) / kPage * kPage;
     // The read starts once the reader is free and the block fits next to those not yet
     // executed (never two copies of one block: at most one inference ahead).
     double room = 0;
-    while (!held.empty() && (held_bytes + it.bytes > ring_bytes || held.size() >= swapped ||
+    while (!held.empty() && (slot(bytes) >= cap || held.size() >= swapped ||
                              (ring_depth > 0 && held.size() >= static_cast<size_t>(ring_depth)))) {
-      const size_t h = held.front();
-      compute_through(h);
-      room = std::max(room, finish[h]);
-      held_bytes -= items[h % n].bytes;
+      const Held h = held.front();
+      compute_through(h.g);
+      room = std::max(room, finish[h.g]);
+      held_bytes -= h.bytes;
       held.pop_front();
+      if (held.empty()) {
+        head = 0;
+        wrapped = false;
+      } else if (held.front().off < h.off) {
+        wrapped = false;
+      }
     }
+    const std::uint64_t off = slot(bytes) < cap ? slot(bytes) : 0;  // a block larger than the ring: as if alone
+    if (!held.empty() && off < held.front().off) wrapped = true;
     read_done[g] = std::max(t_read, room) + it.io;
     t_read = read_done[g];
-    held.push_back(g);
-    held_bytes += it.bytes;
+    held.push_back(Held{g, off, bytes});
+    held_bytes += bytes;
+    head = off + bytes;
   }
   compute_through(total - 1);
   return ends[kInferences - 1] - ends[kInferences - 2];
@@ -504,6 +532,14 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       if (c.arena_bytes > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;
       evaluate(layers, m, &c);
+      if (c.ring_depth == 0 && c.read_bytes > 0) {
+        // The contiguous ring may lose up to a block at its end: where two blocks at the two
+        // ends of the same bytes do better, the plan says so (depth 2).
+        Partition two = c;
+        two.ring_depth = 2;
+        evaluate(layers, m, &two);
+        if (two.predicted_ms < c.predicted_ms - 1e-12) c = std::move(two);
+      }
       c.feasible = true;
       if (!best.feasible || c.predicted_ms < best.predicted_ms - 1e-12) best = std::move(c);
     }

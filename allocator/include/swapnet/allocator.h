@@ -5,8 +5,8 @@
 // reports "no device" with the reason, once, in the log; that is a normal state, not an error.
 //
 // BlockRing: swapped blocks in read order, pushed at the head when they fit and popped once
-// executed (Note [Block ring] in ring.cpp): mirrored host memory holds as many blocks as their
-// bytes allow; memory the GPU reads in place falls back to two blocks at opposite ends.
+// executed (Note [Block ring] in ring.cpp): in host memory a contiguous ring holds as many blocks
+// as fit; memory the GPU reads in place falls back to two blocks at opposite ends.
 //
 // Arena: one per model, reserved once. Blocks are placed with no allocation per swap: even
 // blocks from the low end, odd blocks from the high end, so two adjacent blocks fit exactly
@@ -103,17 +103,17 @@ class SWAPNET_API Arena {
 // Swapped blocks in flight and executing, first in, first out (Note [Block ring]).
 class SWAPNET_API BlockRing {
  public:
-  // Host memory (kHost, or kManaged without a usable GPU) and `mirror`: a mirrored ring of
-  // `capacity` bytes (rounded up to pages), populated as blocks land and freed when the ring is
-  // destroyed. Other kinds, !mirror, or when the mirror cannot be mapped (said once): a
-  // two-ended Arena. Throws Error with the size and the reason when the memory cannot be had.
-  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool mirror = true);
+  // Host memory (kHost, or kManaged without a usable GPU) and `deep`: a contiguous ring of
+  // `capacity` bytes (rounded up to pages) holding as many blocks as fit (a block that does not
+  // fit before the end goes to the start). Other kinds, or !deep: two blocks at the two ends of
+  // an Arena. Throws Error with the size and the reason when the memory cannot be had.
+  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool deep = true);
   ~BlockRing();
   BlockRing(const BlockRing&) = delete;
   BlockRing& operator=(const BlockRing&) = delete;
 
   MemoryKind kind() const;
-  bool mirrored() const;        // false: at most two blocks (two-ended)
+  bool deep() const;            // false: at most two blocks (two-ended)
   std::uint64_t capacity() const;
   // Whether a block of `bytes` can be pushed now, and pushing it: the address of `bytes`
   // contiguous bytes (4 KiB aligned), or nullptr when it does not fit next to the blocks held.
@@ -123,10 +123,9 @@ class SWAPNET_API BlockRing {
   void clear();  // releases every block
   std::size_t blocks() const;
   std::uint64_t used() const;   // bytes of the blocks held (page-rounded)
-  // The mapping blocks are placed in (2 x capacity when mirrored), e.g. to register with the
-  // block reader; device_address() is the GPU's address of a pushed block.
+  // The memory blocks are placed in (capacity bytes), e.g. to register with the block reader;
+  // device_address() is the GPU's address of a pushed block.
   char* base() const;
-  std::uint64_t mapped_bytes() const;
   char* device_address(void* p) const;
   // Gives the physical pages of the whole ring back at once but for those under `keep` (ranges
   // of pushed blocks, page-rounded outwards); what is given back reads as zeros afterwards.

@@ -266,6 +266,9 @@ struct WeightMemory {
   std::uint64_t held = 0;  // now: the ring + resident blocks + pinned slots (0 when released)
   std::uint64_t peak = 0;  // most bytes of weights in use at once (blocks in the ring + resident +
                            // pinned) since open or reset_weight_peak()
+  // Physical bytes those buffers occupy now (pages resident, by mincore): what the process really
+  // holds for weights, e.g. after shed() or a budget cut gave pages back.
+  std::uint64_t resident_pages = 0;
 };
 
 // Runs an image within a memory budget: swapped blocks are read (O_DIRECT) into a ring as far

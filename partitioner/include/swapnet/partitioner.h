@@ -181,7 +181,7 @@ struct DeviceProfile {
   std::string created;       // UTC, ISO 8601
   std::string image;         // the image it measured with
   double raw_read_mb_s = 0;  // one sequential O_DIRECT pass over that image
-  // The same, a second pass straight after the first: what a disk that is kept busy delivers
+  // The same, passes back to back for at least a second: what a disk that is kept busy delivers
   // (throttled and flash storage read faster after idling). alpha is 1 / this rate.
   double sustained_read_mb_s = 0;
   CostModel cost;            // alpha from the sustained rate, beta and eta fitted to binding and
