@@ -133,14 +133,22 @@ double fetch_pass(BlockReader& reader, const std::vector<Block>& blocks, void* b
 
 }  // namespace
 
-double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end) {
+double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end, double min_seconds) {
   constexpr std::size_t kRegion = 64u << 20;  // bytes the raw pass writes into, cyclically
   char* region = static_cast<char*>(alloc_aligned(kRegion));
   if (region == nullptr) throw Error("cannot allocate the raw baseline's buffer");
   std::memset(region, 0, kRegion);
   double mb_s = 0;
   try {
-    mb_s = raw_pass(path, begin, end, 32, 256u << 10, region, kRegion);
+    // Back-to-back passes for at least min_seconds: the rate of a disk kept busy.
+    double bytes = 0, seconds = 0;
+    do {
+      const double rate = raw_pass(path, begin, end, 32, 256u << 10, region, kRegion);
+      const double b = static_cast<double>(end - begin);
+      bytes += b;
+      seconds += b / (rate * 1e6);
+    } while (seconds < min_seconds);
+    mb_s = bytes / seconds / 1e6;
   } catch (...) {
     free_aligned(region);
     throw;

@@ -62,7 +62,7 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
   // storage burst then), the second what a disk kept busy delivers, which a pipeline that is
   // I/O bound sees: alpha comes from it.
   p.raw_read_mb_s = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
-  p.sustained_read_mb_s = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
+  p.sustained_read_mb_s = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
   p.cost.alpha_ms_per_byte = 1.0 / (p.sustained_read_mb_s * 1e3);
 
   // ---- isolated reads of random layer ranges, binding and unbinding them ----

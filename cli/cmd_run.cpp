@@ -238,7 +238,10 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
       resident_json.push_back(static_cast<int>(p.resident[b]));
     }
     plan_facts = {{"read_ahead", to_string(p.read_ahead)}, {"pair_bytes", p.pair_bytes},
-                  {"plan_read_bytes", p.read_bytes}, {"min_read_bytes", p.min_read_bytes}};
+                  {"plan_read_bytes", p.read_bytes},
+                  {"min_read_bytes", min_read_bytes(layer_costs(info, eo), eo.budget > info.activation_bytes
+                                                                               ? eo.budget - info.activation_bytes
+                                                                               : 0)}};
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
     measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); });
@@ -265,10 +268,11 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   const std::uint64_t rss = vm_hwm_bytes();
   page_cache_bytes(path, &cache_after).throw_if_error();
   // The raw rate last, so that its reads do not delay the timed ones (a throttled disk makes a
-  // burst pay later), in two passes: the second is what a disk kept busy delivers, the rate an
-  // I/O-bound pipeline can reach.
+  // burst pay later): one pass, then passes back to back for a second, what a disk kept busy
+  // delivers: the rate an I/O-bound pipeline can reach (and a real disk's, which has no burst
+  // credit after idle).
   const double first_pass = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
-  const double raw = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size);
+  const double raw = raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
 
   json j;
   j["image"] = path;

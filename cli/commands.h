@@ -84,8 +84,11 @@ int profile(const std::vector<std::string>& images, const Common& c, const std::
 DeviceProfile device_profile(const std::string& image, const Common& c, const std::string& path_option);
 
 // The raw sequential O_DIRECT read rate of [begin, end) of a file (io_uring, 32 x 256 KiB,
-// registered buffers), in MB/s: the baseline every I/O figure is compared with.
-double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end);
+// registered buffers), in MB/s: the baseline every I/O figure is compared with. One pass, or
+// back-to-back passes for at least `min_seconds`: the sustained rate of a disk kept busy (an
+// emulated disk, cgroup v1 blkio, lets up to one throttle slice of bytes through at once after
+// idle, so a single short pass can read faster than the disk's rate).
+double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end, double min_seconds = 0);
 
 // swapnet serve / ctl (cmd_serve.cpp).
 struct ServeOptions {
