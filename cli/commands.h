@@ -60,6 +60,9 @@ struct RunOptions {
   std::string profile;           // --profile FILE (default: default_profile_path())
   std::string device = "cpu";    // --device cpu|cuda: where layers run (swapnet and direct modes)
   std::string read_ahead = "ring";  // --read-ahead ring|paper
+  // --background-read MB/s (mode direct): O_DIRECT reads of the image at this pace in a thread
+  // while the timed inferences run; --compare uses it for `direct_under_io`.
+  double background_mb_s = 0;
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
 int plan(const std::string& image, const Common& c, const std::string& budget, const std::string& profile_path,

@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   run->add_option("--resident", ro.resident, "with --partition/--blocks: blocks kept resident, e.g. 0,3");
   run->add_option("--device", ro.device, "where layers run: cpu (default) | cuda (blocks in managed memory, no copies)");
   run->add_option("--profile", ro.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  run->add_option("--background-read", ro.background_mb_s,
+                  "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
+                  "swapnet's reads cost the compute on this machine)");
   run->add_option("--read-ahead", ro.read_ahead,
                   "ring (default: as many blocks ahead as the budget holds, into the next inference) | paper "
                   "(two blocks, one inference at a time)");

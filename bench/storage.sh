@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The engine on emulated Jetson-class storage (issue 14's table): the paper's four models at 1/3
+# of their bytes (or their minimum budget, when larger), at host speed and with the image's disk
+# throttled to 2 GB/s (Orin NVMe), 1 GB/s and 400 MB/s (eMMC/SD class) by bench/throttle.sh.
+# At each rate the device profile is measured under that throttle first (the planner's cost
+# model fitted there; its errors are reported), then each model runs
+# `swapnet run --compare --check` under the same throttle: direct, swapnet and naive each in its
+# own process, rounds interleaved, medians; io_bound = bytes read per inference / the raw
+# O_DIRECT rate measured in the same run (sustained: passes back to back for a second); and
+# direct_under_io, direct inference while the image is read at the pace swapnet read it (what
+# the reads cost the compute on this machine, without swapnet). naive reads with buffered I/O and drops each block's
+# pages after use (the budget has no page cache to keep the model in).
+#   bench/storage.sh [--rounds N] [--iters N] [--rates "host 2GB/s 1GB/s 400MB/s"]
+#                    [--models "resnet101 yolov3 fcn_resnet101 vgg19"] [--read-ahead ring|paper]
+# Writes bench/results/storage.csv, storage.md, storage_<rate>_<model>.json (the run) and
+# _device.json (bytes read from the device), storage_profile_<rate>.json (the device profile)
+# and _report.json; prints the markdown table. Exits 77 when the disk cannot be
+# throttled (bench/throttle.sh says why).
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+rounds=5 iters=3 rates="host 2GB/s 1GB/s 400MB/s" list="resnet101 yolov3 fcn_resnet101 vgg19" read_ahead=ring
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --models) list=$2; shift 2 ;;
+    --read-ahead) read_ahead=$2; shift 2 ;;
+    *) echo "bench/storage.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+pack_paper_models
+suffix=""
+[ "$read_ahead" = ring ] || suffix="_$read_ahead"
+throttle=$repo/bench/throttle.sh
+rows=$out/storage$suffix.jsonl
+: > "$rows"
+for rate in $rates; do
+  tag=${rate//\//}
+  prof=$out/storage_profile_$tag.json          # the device profile the runs plan with
+  report=$out/storage_profile_${tag}_report.json  # and what measuring it saw
+  echo "bench/storage.sh: profile at $rate" >&2
+  status=0
+  bash "$throttle" "$rate" --path "$models" -- "$cli" profile "$models/resnet101.swapnet" \
+    --input-shape "${shape[resnet101]}" -o "$prof" --json > "$report" || status=$?
+  [ "$status" = 0 ] || exit "$status"
+  for m in $list; do
+    img=$models/$m.swapnet
+    data=$("$cli" inspect "$img" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])')
+    minimum=$("$cli" plan "$img" --budget "$data" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["min_budget_bytes"])')
+    budget=$(( data / 3 > minimum ? data / 3 : minimum ))
+    res=$out/storage${suffix}_${tag}_$m.json dev=$out/storage${suffix}_${tag}_${m}_device.json
+    echo "bench/storage.sh: $m at $rate, budget $budget (1/3: $((data / 3)), minimum $minimum)" >&2
+    bash "$throttle" "$rate" --path "$models" --stats "$dev" -- "$cli" run "$img" --budget "$budget" \
+      --compare --check --rounds "$rounds" --iters "$iters" --profile "$prof" \
+      --read-ahead "$read_ahead" --input-shape "${shape[$m]}" --json > "$res"
+    /usr/bin/python3 - "$res" "$report" "$dev" "$m" "$rate" "$data" "$minimum" >> "$rows" <<'PY'
+import json, sys
+res, prof, dev, m, rate, data, minimum = sys.argv[1:]
+j, p, d = json.load(open(res)), json.load(open(prof)), json.load(open(dev))
+swap, direct, naive = j["latency_ms"]["median"], j["direct"]["latency_ms"]["median"], j["naive"]["latency_ms"]["median"]
+bound = max(direct, j["io_bound_ms"])
+print(json.dumps({
+    "model": m, "rate": rate, "budget_bytes": j["budget_bytes"], "model_bytes": int(data), "min_budget_bytes": int(minimum),
+    "blocks": j["num_blocks"], "resident_bytes": j["resident_bytes"], "ring_bytes": j["arena_bytes"],
+    "direct_ms": direct, "swapnet_ms": swap, "naive_ms": naive, "io_bound_ms": j["io_bound_ms"],
+    "raw_io_mb_s": j["raw_io_mb_s"], "ratio_vs_bound": swap / bound, "ratio_vs_direct": swap / direct,
+    "naive_vs_swapnet": naive / swap, "predicted_ms": j["predicted_ms"],
+    "direct_under_io_ms": j["direct_under_io"]["latency_ms"]["median"],
+    "background_mb_s": j["direct_under_io"]["background_mb_s"],
+    "ratio_vs_bound_under_io": j["ratio_vs_bound_under_io"],
+    "prediction_error": abs(j["predicted_ms"] - swap) / swap,
+    "bytes_read_per_inference": j["bytes_read_per_inference"], "min_read_bytes": j["min_read_bytes"],
+    "read_vs_least": j["bytes_read_per_inference"] / j["min_read_bytes"] if j["min_read_bytes"] else None,
+    "naive_bytes_read_per_inference": j["naive"]["bytes_read_per_inference"],
+    "page_cache_direct": j["direct"]["page_cache_growth_bytes"], "page_cache_swapnet": j["page_cache_growth_bytes"],
+    "page_cache_naive": j["naive"]["page_cache_growth_bytes"],
+    "peak_model_bytes": j["peak_model_bytes"], "within_budget": j["peak_model_bytes"] <= j["budget_bytes"],
+    "bytes_from_device": d.get("bytes_read_from_device"), "equal": j["equal"],
+    "profile_fitted_read_mb_s": p["fitted_read_mb_s"], "profile_sustained_mb_s": p.get("sustained_read_mb_s"),
+    "profile_t_in_error": p.get("t_in_error"), "profile_pipeline_error": p.get("pipeline_error"),
+}))
+PY
+  done
+done
+/usr/bin/python3 "$repo/bench/storage_table.py" "$rows" "$out/storage$suffix.csv" | tee "$out/storage$suffix.md"

@@ -1,0 +1,59 @@
+"""bench/storage.sh's table: rows (JSON lines) -> CSV, and a markdown table on stdout.
+
+    storage_table.py ROWS.jsonl OUT.csv
+"""
+import csv
+import json
+import sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if not rows:
+    sys.exit("storage_table.py: no rows in " + sys.argv[1])
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+    w.writeheader()
+    w.writerows(rows)
+
+MB = 1e6
+
+
+def mb(x):
+    return "-" if x is None else f"{x / MB:.0f}"
+
+
+cols = ["model", "rate", "budget MB", "direct ms", "swapnet ms", "naive ms", "io_bound ms", "raw MB/s",
+        "swapnet / max(direct, io_bound)", "direct under reads ms", "swapnet / max(that, io_bound)", "naive / swapnet", "read MB/inf", "least MB", "read / least",
+        "page cache MB direct/swapnet/naive", "predicted error", "bit-identical"]
+print("| " + " | ".join(cols) + " |")
+print("|" + "---|" * len(cols))
+for r in rows:
+    least = r["read_vs_least"]
+    print("| " + " | ".join([
+        r["model"], r["rate"], mb(r["budget_bytes"]), f'{r["direct_ms"]:.0f}', f'{r["swapnet_ms"]:.0f}',
+        f'{r["naive_ms"]:.0f}', f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', f'{r["ratio_vs_bound"]:.3f}',
+        f'{r["direct_under_io_ms"]:.0f}', f'{r["ratio_vs_bound_under_io"]:.3f}',
+        f'{r["naive_vs_swapnet"]:.2f}', mb(r["bytes_read_per_inference"]), mb(r["min_read_bytes"]),
+        "-" if least is None else f"{least:.3f}",
+        "/".join(mb(max(0, r[k])) for k in ("page_cache_direct", "page_cache_swapnet", "page_cache_naive")),
+        f'{100 * r["prediction_error"]:.0f} %', "yes" if r["equal"] else "NO"]) + " |")
+worst = max(rows, key=lambda r: r["ratio_vs_bound"])
+print()
+print(f"worst swapnet / max(direct, io_bound): {worst['ratio_vs_bound']:.3f} ({worst['model']} at {worst['rate']}); "
+      f"rows within 1.05: {sum(r['ratio_vs_bound'] <= 1.05 for r in rows)} of {len(rows)}")
+worst = max(rows, key=lambda r: r["ratio_vs_bound_under_io"])
+print(f"worst swapnet / max(direct under the same reads, io_bound): {worst['ratio_vs_bound_under_io']:.3f} "
+      f"({worst['model']} at {worst['rate']}); rows within 1.05: "
+      f"{sum(r['ratio_vs_bound_under_io'] <= 1.05 for r in rows)} of {len(rows)}")
+print(f"naive / swapnet: {min(r['naive_vs_swapnet'] for r in rows):.2f} .. {max(r['naive_vs_swapnet'] for r in rows):.2f}; "
+      f"plan reads / least any plan reads: {max(r['read_vs_least'] or 1 for r in rows):.3f} at most")
+rates = []
+for r in rows:
+    if r["rate"] not in rates:
+        rates.append(r["rate"])
+for rate in rates:
+    r = next(x for x in rows if x["rate"] == rate)
+    e = r["profile_t_in_error"]
+    pe = r["profile_pipeline_error"]
+    print(f"profile at {rate}: fitted read {r['profile_fitted_read_mb_s']:.0f} MB/s, sustained "
+          f"{r['profile_sustained_mb_s'] or 0:.0f} MB/s, t_in error (isolated reads) "
+          f"{'-' if e is None else f'{100 * e:.0f} %'}, pipeline error {'-' if pe is None else f'{100 * pe:.0f} %'}")
