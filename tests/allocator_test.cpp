@@ -99,26 +99,20 @@ TEST(BlockRing, RandomUseNeverOverlapsAndLosesAtMostOneBlock) {
 
 // Memory the GPU reads in place, or a ring asked not to be deep, holds two blocks at opposite ends.
 TEST(BlockRing, TwoEndedWhereNotDeep) {
-  {
-    auto ring = BlockRing::create(16 * 4096, MemoryKind::kHost, false);
-    EXPECT_FALSE(ring->deep());
-    char* a = static_cast<char*>(ring->push(4 * 4096));
-    char* b = static_cast<char*>(ring->push(4 * 4096));
+  auto two_ended = [](BlockRing& ring) {
+    EXPECT_FALSE(ring.deep());
+    char* a = static_cast<char*>(ring.push(4 * 4096));
+    char* b = static_cast<char*>(ring.push(4 * 4096));
     ASSERT_TRUE(a && b);
-    EXPECT_EQ(b, ring->base() + 12 * 4096) << "the high end";
-    EXPECT_EQ(ring->push(4096), nullptr) << "two blocks at most";
-  }
+    EXPECT_EQ(b, ring.base() + 12 * 4096) << "the high end";
+    EXPECT_EQ(ring.push(4096), nullptr) << "two blocks at most";
+  };
+  two_ended(*BlockRing::create(16 * 4096, MemoryKind::kHost, false));
   if (!cuda_device().usable) {
     EXPECT_THROW(BlockRing::create(1 << 20, MemoryKind::kRegistered), Error) << "registered memory needs a GPU";
     return;
   }
-  auto ring = BlockRing::create(16 * 4096, MemoryKind::kManaged);
-  EXPECT_FALSE(ring->deep());
-  char* a = static_cast<char*>(ring->push(4 * 4096));
-  char* b = static_cast<char*>(ring->push(4 * 4096));
-  ASSERT_TRUE(a && b);
-  EXPECT_EQ(b, ring->base() + 12 * 4096) << "the high end";
-  EXPECT_EQ(ring->push(4096), nullptr) << "two blocks at most";
+  two_ended(*BlockRing::create(16 * 4096, MemoryKind::kManaged));
 }
 
 }  // namespace

@@ -23,13 +23,10 @@ using test_util::error_of;
 using test_util::model;
 using test_util::pack;
 using test_util::Packed;
+using test_util::reference;
 using test_util::packed;
 
 
-c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
-  c10::InferenceMode guard;
-  return m.forward({x.clone()});
-}
 
 TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});

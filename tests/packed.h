@@ -31,6 +31,12 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   return path;
 }
 
+// The module's own output for `x`: what swapped inference must equal bit for bit.
+inline c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
+  c10::InferenceMode guard;
+  return m.forward({x.clone()});
+}
+
 // A packed model: the module (for reference outputs), its image and the image's tables.
 struct Packed {
   torch::jit::Module m;

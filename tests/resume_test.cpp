@@ -25,11 +25,8 @@ namespace {
 using test_util::error_of;
 using test_util::packed;
 using test_util::Packed;
+using test_util::reference;
 
-c10::IValue reference(torch::jit::Module& m, const at::Tensor& x) {
-  c10::InferenceMode guard;
-  return m.forward({x.clone()});
-}
 
 struct Case {
   const char* model;
