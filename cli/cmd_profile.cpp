@@ -358,7 +358,7 @@ int profile(const std::vector<std::string>& images, const Common& c, const std::
     std::cout << j.dump() << "\n";
   } else {
     std::printf("device profile written to %s (%d threads)\n", path.c_str(), p.threads);
-    std::printf("  raw O_DIRECT read      %.0f MB/s (first pass), %.0f MB/s sustained (second pass)\n",
+    std::printf("  raw O_DIRECT read      %.0f MB/s (one pass), %.0f MB/s sustained (passes back to back, 1 s)\n",
                 p.raw_read_mb_s, p.sustained_read_mb_s);
     std::printf("  t_in  = %.3g ms/B * bytes + %.3g ms/tensor * tensors + %.3g ms   (isolated reads: median error %.1f %%)\n",
                 p.cost.alpha_ms_per_byte, p.cost.beta_ms_per_tensor, p.cost.block_ms, 100 * p.t_in_error);

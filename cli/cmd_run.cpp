@@ -538,6 +538,11 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
                 j["io_bound_ms"].get<double>(), j["ratio_vs_bound"].get<double>());
     if (naive) std::printf("; naive / swapnet = %.2f", j["naive_ratio"].get<double>());
     std::printf("\n");
+    if (j.contains("direct_under_io")) {
+      std::printf("direct while the image is read at swapnet's pace (%.0f MB/s): %.1f ms; swapnet / max(that, io_bound) = %.3f\n",
+                  j["direct_under_io"]["background_mb_s"].get<double>(),
+                  j["direct_under_io"]["latency_ms"]["median"].get<double>(), j["ratio_vs_bound_under_io"].get<double>());
+    }
     if (o.check) std::printf("outputs %s direct inference\n", equal ? "bit-identical to" : "DIFFER from");
   }
   return o.check && !equal ? 1 : 0;
