@@ -932,7 +932,8 @@ void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
 void Executor::begin(std::vector<c10::IValue> inputs) {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  if (m.shed_pending && !m.released) set_budget_locked(m, m.opt.budget);  // read again what was shed
+  // Shed (shed_pending): the first step() re-plans, or returns at once for the move a cut's
+  // interrupt asks for; re-planning here would read back at the old budget first.
   if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
   if (m.cuda) {
@@ -1088,7 +1089,7 @@ void Executor::interrupt() { impl_->yield.store(true); }
 // the ring's pages are punched out but for the running layer's bytes (and the layers owning
 // weights it reads), resident blocks are dropped (read again later). The layer's own weights and
 // the pinned slots stay: at most the minimum budget. When the layer ends the thread sees
-// `shed_pending` and stops before the next layer; the next set_budget() (or step/begin, at the
+// `shed_pending` and stops before the next layer; the next set_budget() (or the next step(), at the
 // budget in force) re-plans from there and reads what it needs again. Not on the GPU (kernels
 // run ahead of this thread: there is no one running layer to keep).
 bool Executor::shed(std::uint64_t budget) {
