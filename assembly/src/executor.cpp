@@ -255,17 +255,7 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   if (ra != ReadAhead::kPaper && p.read_bytes > 0) {
     part.ring_bytes = std::max<std::uint64_t>(ring, 1);
     evaluate(costs, m, &part);
-    if (ra == ReadAhead::kRing) {
-      // The contiguous ring may lose up to a block at its end (Note [Block ring]); where two
-      // blocks at the two ends of the same memory are predicted faster, run that.
-      Partition two = part;
-      two.ring_depth = 2;
-      evaluate(costs, m, &two);
-      if (two.predicted_ms < part.predicted_ms - 1e-12) {
-        part = two;
-        p.read_ahead = ReadAhead::kTwoEnded;
-      }
-    }
+    if (ra == ReadAhead::kRing && prefer_two_ended(costs, m, &part)) p.read_ahead = ReadAhead::kTwoEnded;
   }
   p.predicted_ms = part.predicted_ms;
   return p;

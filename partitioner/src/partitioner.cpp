@@ -202,6 +202,16 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   return ends[kInferences - 1] - ends[kInferences - 2];
 }
 
+bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p) {
+  if (p->ring_depth != 0 || p->ring_bytes == 0 || p->read_bytes == 0) return false;
+  Partition two = *p;
+  two.ring_depth = 2;
+  evaluate(layers, m, &two);
+  if (two.predicted_ms >= p->predicted_ms - 1e-12) return false;
+  *p = std::move(two);
+  return true;
+}
+
 void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* part) {
   Prefix p(layers);
   part->arena_bytes = part->resident_bytes = part->read_bytes = 0;
@@ -532,14 +542,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       if (c.arena_bytes > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;
       evaluate(layers, m, &c);
-      if (c.ring_depth == 0 && c.read_bytes > 0) {
-        // The contiguous ring may lose up to a block at its end: where two blocks at the two
-        // ends of the same bytes do better, the plan says so (depth 2).
-        Partition two = c;
-        two.ring_depth = 2;
-        evaluate(layers, m, &two);
-        if (two.predicted_ms < c.predicted_ms - 1e-12) c = std::move(two);
-      }
+      prefer_two_ended(layers, m, &c);
       c.feasible = true;
       if (!best.feasible || c.predicted_ms < best.predicted_ms - 1e-12) best = std::move(c);
     }

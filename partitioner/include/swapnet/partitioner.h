@@ -88,6 +88,10 @@ SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Block
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
+// For an evaluated ring plan (ring_depth 0, ring_bytes > 0): where two blocks at the two ends of
+// the same bytes are predicted faster (the contiguous ring can lose up to a block at its end),
+// makes `p` that (ring_depth 2, re-evaluated) and returns true.
+SWAPNET_API bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
 // A lower bound on the bytes any partition fitting `capacity` reads per inference (a relaxation:
 // a ring at least as large as the largest swapped layer, every other byte resident if it fits).
 SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity);
