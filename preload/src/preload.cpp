@@ -22,15 +22,18 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <link.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #define SWAPNET_PRELOAD_API __attribute__((visibility("default")))
 
@@ -135,8 +138,9 @@ struct State {
   Backend requested = Backend::kUndecided;
   Cuda cuda;
   bool stats = false;
-  void* (*real_alloc)(size_t) = nullptr;
-  void (*real_free)(void*) = nullptr;
+  std::mutex resolve_mu;
+  std::atomic<void* (*)(size_t)> real_alloc{nullptr};  // c10's own (resolve_real)
+  std::atomic<void (*)(void*)> real_free{nullptr};
   std::atomic<uint64_t> allocations{0}, frees{0}, bytes{0}, current{0}, peak{0}, managed_current{0};
   std::atomic<bool> said_overflow{false};
   // Copy-free dispatch (libswapnet_dispatch.so): SWAPNET_DISPATCH=auto|on|off|alias-host.
@@ -149,9 +153,16 @@ struct State {
   Shard& shard(const void* p) { return shards[(reinterpret_cast<uintptr_t>(p) >> 6) % kShards]; }
 };
 
+void fork_prepare();
+void fork_release();
+
 // Never destroyed: allocations and frees can arrive during and after static destruction.
 State& state() {
-  static State* s = new State;
+  static State* s = [] {
+    auto* st = new State;
+    pthread_atfork(fork_prepare, fork_release, fork_release);
+    return st;
+  }();
   return *s;
 }
 
@@ -219,11 +230,85 @@ void load_dispatch(State& s) {
   s.dispatch_lib = h;
 }
 
-void resolve_real(State& s) {
-  if (s.real_alloc == nullptr) {
-    s.real_alloc = reinterpret_cast<void* (*)(size_t)>(dlsym(RTLD_NEXT, "_ZN3c109alloc_cpuEm"));
-    s.real_free = reinterpret_cast<void (*)(void*)>(dlsym(RTLD_NEXT, "_ZN3c108free_cpuEPv"));
+// c10's own alloc_cpu / free_cpu in the object that defines them. A program linked with libtorch
+// has libc10 in the global scope, where dlsym(RTLD_NEXT) finds it. A program that loads libtorch
+// late (Python's torch, a plug-in) dlopens libc10 with RTLD_LOCAL: it is not in the global scope,
+// RTLD_NEXT finds nothing, yet libc10's calls still reach this library (its symbols come first).
+// Then every loaded object but this one is asked in turn (dlsym on its own handle searches it
+// and its dependencies, never the preloaded libraries), and the definition taken only from the
+// object it lies in. Objects are listed first and opened after: dlopen inside dl_iterate_phdr
+// would take the loader's lock twice.
+void* find_c10(const char* symbol) {
+  if (void* f = dlsym(RTLD_NEXT, symbol)) return f;
+  Dl_info self{};
+  dladdr(reinterpret_cast<void*>(&find_c10), &self);
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name != nullptr && info->dlpi_name[0] != 0) {
+          static_cast<std::vector<std::string>*>(out)->push_back(info->dlpi_name);
+        }
+        return 0;
+      },
+      &names);
+  // libc10 first: where c10 lives in every libtorch build (pip's and Debian's).
+  std::stable_partition(names.begin(), names.end(),
+                        [](const std::string& n) { return n.find("libc10") != std::string::npos; });
+  for (const std::string& n : names) {
+    void* h = dlopen(n.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) continue;
+    void* f = dlsym(h, symbol);
+    Dl_info where{};
+    const bool own = f != nullptr && dladdr(f, &where) != 0 && where.dli_fbase != self.dli_fbase;
+    dlclose(h);  // NOLOAD: drops the reference just taken, the object stays
+    if (own) return f;
   }
+  return nullptr;
+}
+
+// Resolved on first need, by whichever thread gets there (the answer is the same for all); a
+// program that has not loaded libtorch yet is asked again next time.
+void resolve_real(State& s) {
+  if (s.real_alloc.load(std::memory_order_acquire) != nullptr) return;
+  std::lock_guard<std::mutex> lock(s.resolve_mu);
+  if (s.real_alloc.load(std::memory_order_relaxed) != nullptr) return;
+  auto* f = reinterpret_cast<void (*)(void*)>(find_c10("_ZN3c108free_cpuEPv"));
+  auto* a = reinterpret_cast<void* (*)(size_t)>(find_c10("_ZN3c109alloc_cpuEm"));
+  if (a == nullptr || f == nullptr) return;
+  s.real_free.store(f, std::memory_order_release);
+  s.real_alloc.store(a, std::memory_order_release);
+}
+
+// What c10 would do, where c10's functions cannot be found (they always can where c10 calls
+// this library; kept so that no path calls through a null pointer).
+void* fallback_alloc(size_t n) {
+  void* p = nullptr;
+  return posix_memalign(&p, kAlign, n) == 0 ? p : nullptr;
+}
+void* real_alloc(State& s, size_t n) {
+  resolve_real(s);
+  auto* f = s.real_alloc.load(std::memory_order_acquire);
+  return f != nullptr ? f(n) : fallback_alloc(n);
+}
+void real_free(State& s, void* p) {
+  resolve_real(s);
+  auto* f = s.real_free.load(std::memory_order_acquire);
+  if (f != nullptr) {
+    f(p);
+  } else {
+    ::free(p);  // c10's free_cpu is free() (posix_memalign'ed memory)
+  }
+}
+
+// fork() while another thread holds a shard's lock would leave the child's lock held forever:
+// every shard is locked around fork, so the child starts with consistent, unlocked maps.
+void fork_prepare() {
+  State& s = state();
+  for (auto& sh : s.shards) sh.mu.lock();
+}
+void fork_release() {
+  State& s = state();
+  for (int i = State::kShards - 1; i >= 0; --i) s.shards[i].mu.unlock();
 }
 
 void decide(State& s) {
@@ -253,7 +338,6 @@ void decide(State& s) {
       }
     }
   }
-  if (s.real_alloc == nullptr || s.real_free == nullptr) b = Backend::kOff;  // not a libtorch process
   const char* disp = getenv("SWAPNET_DISPATCH");
   const std::string d = disp ? disp : "";
   if (d == "off") {
@@ -289,14 +373,11 @@ namespace c10 {
 
 void* alloc_cpu(size_t nbytes) {
   State& s = state();
-  if (nbytes == 0) {
-    resolve_real(s);
-    return nullptr;  // as c10 does
-  }
+  if (nbytes == 0) return nullptr;  // as c10 does
   std::call_once(s.decided, [&] { decide(s); });
   if (s.dispatch_pending.load(std::memory_order_relaxed) && s.dispatch_pending.exchange(false)) load_dispatch(s);
   const Backend b = s.backend.load(std::memory_order_relaxed);
-  if (b == Backend::kOff) return s.real_alloc(nbytes);
+  if (b == Backend::kOff) return real_alloc(s, nbytes);
   void* p = nullptr;
   bool managed = false;
   if (b == Backend::kManaged) {
@@ -310,10 +391,10 @@ void* alloc_cpu(size_t nbytes) {
         std::fprintf(stderr, "swapnet-preload: managed memory refused or beyond what the GPU had free (%zu bytes); "
                              "such requests go to c10's allocator\n", nbytes);
       }
-      return s.real_alloc(nbytes);
+      return real_alloc(s, nbytes);
     }
   } else if (posix_memalign(&p, kAlign, nbytes) != 0) {
-    return s.real_alloc(nbytes);  // c10's allocator reports the failure its own way
+    return real_alloc(s, nbytes);  // c10's allocator reports the failure its own way
   }
   {
     Shard& sh = s.shard(p);
@@ -340,8 +421,7 @@ void free_cpu(void* data) {
     }
   }
   if (!ours) {
-    resolve_real(s);
-    if (s.real_free) s.real_free(data);
+    real_free(s, data);
     return;
   }
   s.frees.fetch_add(1, std::memory_order_relaxed);
