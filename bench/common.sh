@@ -3,7 +3,7 @@
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cli=${SWAPNET_CLI:-$repo/build/swapnet}
 models=${SWAPNET_MODELS:-$repo/.cache/models}
-out=$repo/bench/results
+out=${SWAPNET_RESULTS:-$repo/bench/results}
 mkdir -p "$out"
 declare -A shape=([resnet101]=1,3,224,224 [vgg19]=1,3,224,224 [fcn_resnet101]=1,3,224,224 [yolov3]=1,3,416,416)
 # Exports the paper models (if missing) and packs each into its swap image (if missing).
