@@ -8,7 +8,7 @@ pkgs=(
   libtorch-dev liburing-dev libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
   libopenblas0-pthread
-  python3-torch python3-torchvision
+  python3-torch python3-torchvision python3-pytest
 )
 # --bench: also what the benchmarks need (gnuplot draws bench/scheduler.sh's timeline plot).
 [ "${1:-}" = "--bench" ] && pkgs+=(gnuplot-nox)

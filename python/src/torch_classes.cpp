@@ -1,0 +1,324 @@
+// libswapnet_torch.so: swapnet for Python (the `swapnet` package in python/swapnet), as
+// TorchScript custom classes and one operator registered with libtorch's dispatcher. No Python
+// C API: Debian's python3-torch loads it with torch.ops.load_library, and the same classes can
+// be called from TorchScript and from C++ through torch::jit.
+//
+//   torch.ops.swapnet.pack(model, image, inputs) -> str            (JSON: what was written)
+//   torch.ops.swapnet.image_info(image) -> str                      (JSON: sizes, minimum budget)
+//   torch.classes.swapnet.Executor(image, budget, options_json)
+//       .forward(inputs) -> Any    .set_budget(bytes)    .plan_json() -> str    .stats_json() -> str
+//   torch.classes.swapnet.Runtime(models_json, total_budget, policy)
+//       .forward(model, inputs) -> Any    .set_budget(bytes)    .status_json() -> str
+//
+// Errors are thrown as std::runtime_error with swapnet's message (file, value, limit); torch
+// turns them into RuntimeError and python/swapnet raises swapnet.Error from them.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+
+#include <nlohmann/json.hpp>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "swapnet/assembly.h"
+#include "swapnet/partitioner.h"
+#include "swapnet/scheduler.h"
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<c10::IValue> to_inputs(const c10::List<c10::IValue>& list) {
+  std::vector<c10::IValue> v;
+  v.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) v.push_back(list.get(i));
+  return v;
+}
+
+std::string shape_text(const std::vector<c10::IValue>& inputs) {
+  std::string out;
+  for (const auto& v : inputs) {
+    if (!out.empty()) out += " ";
+    if (!v.isTensor()) {
+      out += v.tagKind();
+      continue;
+    }
+    const auto sizes = v.toTensor().sizes();
+    for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
+  }
+  return out;
+}
+
+// Runs `f`, turning any exception into std::runtime_error (what torch passes to Python).
+template <typename F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
+  return guarded([&] {
+    Skeleton sk = Skeleton::load(model);
+    auto inputs = to_inputs(list);
+    try {
+      sk.profile(inputs, ProfileOptions{1, 3});
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (inputs " + shape_text(inputs) + ")");
+    }
+    PackOptions po;
+    po.input_shapes = shape_text(inputs);
+    po.activation_bytes = measure_activation_bytes(sk, inputs);
+    sk.pack(image, po);
+    ImageInfo info;
+    read_image_info(image, &info).throw_if_error();
+    return json{{"model", model},
+                {"image", image},
+                {"layers", info.layers.size()},
+                {"tensors", info.tensors.size()},
+                {"data_bytes", info.data_size},
+                {"file_bytes", info.file_size},
+                {"activation_bytes", info.activation_bytes}}
+        .dump();
+  });
+}
+
+// What an image holds, before opening it (percentage budgets, minimums).
+std::string image_info(const std::string& image) {
+  return guarded([&] {
+    ImageInfo info;
+    read_image_info(image, &info).throw_if_error();
+    return json{{"image", image},
+                {"layers", info.layers.size()},
+                {"tensors", info.tensors.size()},
+                {"data_bytes", info.data_size},
+                {"file_bytes", info.file_size},
+                {"activation_bytes", info.activation_bytes},
+                {"full_bytes", info.data_size + info.activation_bytes},
+                {"min_budget", min_budget(info)},
+                {"input_shapes", info.input_shapes}}
+        .dump();
+  });
+}
+
+// The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile.
+ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& text) {
+  if (budget < 0) throw Error(image + ": budget " + std::to_string(budget) + " is negative");
+  const json o = text.empty() ? json::object() : json::parse(text);
+  ExecutorOptions eo;
+  eo.budget = static_cast<std::uint64_t>(budget);
+  const std::string plan = o.value("plan", "auto");
+  if (plan == "auto" || plan == "optimal") {
+    eo.planner = ExecutorOptions::Planner::kOptimal;
+    eo.residency = plan == "auto";
+  } else if (plan == "equal") {
+    eo.planner = ExecutorOptions::Planner::kEqual;
+  } else {
+    throw Error(image + ": plan '" + plan + "' is not one of auto|optimal|equal");
+  }
+  const std::string ra = o.value("read_ahead", "ring");
+  if (ra == "ring") {
+    eo.read_ahead = ReadAhead::kRing;
+  } else if (ra == "paper") {
+    eo.read_ahead = ReadAhead::kPaper;
+  } else {
+    throw Error(image + ": read_ahead '" + ra + "' is not one of ring|paper");
+  }
+  const std::string verify = o.value("verify", "first");
+  if (verify == "first") {
+    eo.verify = ExecutorOptions::Verify::kFirst;
+  } else if (verify == "always") {
+    eo.verify = ExecutorOptions::Verify::kAlways;
+  } else if (verify == "never") {
+    eo.verify = ExecutorOptions::Verify::kNever;
+  } else {
+    throw Error(image + ": verify '" + verify + "' is not one of first|always|never");
+  }
+  const std::string device = o.value("device", "cpu");
+  if (device == "cuda") {
+    eo.device = ExecutorOptions::Device::kCUDA;
+  } else if (device != "cpu") {
+    throw Error(image + ": device '" + device + "' is not one of cpu|cuda");
+  }
+  // The device profile plans the blocks when there is one for this machine; else the default
+  // cost model (said once: `swapnet profile IMAGE` measures one).
+  const std::string path = o.value("profile", std::string());
+  const std::string where = path.empty() ? default_profile_path() : path;
+  DeviceProfile p;
+  Status s = load_profile(where, &p);
+  if (s.ok() && profile_mismatch(p, at::get_num_threads()).empty()) {
+    eo.cost = p.cost;
+    eo.measured_exec = p.exec_source == "measured";
+    eo.gamma_ms_per_flop = p.gamma_ms_per_flop;
+  } else if (!path.empty()) {
+    throw Error(s.ok() ? where + ": " + profile_mismatch(p, at::get_num_threads()) : s.message());
+  } else {
+    log_once(LogLevel::kWarn, "python_no_profile",
+             "no device profile for this machine at " + where +
+                 "; planning with the default cost model (`swapnet profile IMAGE` measures one)");
+  }
+  return eo;
+}
+
+json plan_json(const ExecutionPlan& p) {
+  return {{"blocks", p.blocks},
+          {"resident", p.resident},
+          {"block_bytes", p.block_bytes},
+          {"arena_bytes", p.arena_bytes},
+          {"resident_bytes", p.resident_bytes},
+          {"activation_bytes", p.activation_bytes},
+          {"pinned_bytes", p.pinned_bytes},
+          {"read_bytes", p.read_bytes},
+          {"min_budget", p.min_budget},
+          {"total_bytes", p.total()},
+          {"predicted_ms", p.predicted_ms},
+          {"read_ahead", p.read_ahead == ReadAhead::kPaper       ? "paper"
+                         : p.read_ahead == ReadAhead::kTwoEnded ? "two-ended"
+                                                                 : "ring"}};
+}
+
+struct ExecutorHolder : torch::CustomClassHolder {
+  std::string image;
+  std::unique_ptr<Executor> ex;
+  std::mutex mu;  // one inference at a time (Executor's contract), whatever Python threads do
+
+  ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options) : image(path) {
+    guarded([&] {
+      install_cpu_meter();
+      ex = Executor::open(path, executor_options(path, budget, options));
+      return 0;
+    });
+  }
+  c10::IValue forward(const c10::List<c10::IValue>& inputs) {
+    return guarded([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return ex->forward(to_inputs(inputs));
+    });
+  }
+  void set_budget(std::int64_t bytes) {
+    guarded([&] {
+      if (bytes < 0) throw Error(image + ": budget " + std::to_string(bytes) + " is negative");
+      std::lock_guard<std::mutex> lock(mu);
+      ex->set_budget(static_cast<std::uint64_t>(bytes));
+      return 0;
+    });
+  }
+  std::string plan() {
+    std::lock_guard<std::mutex> lock(mu);
+    json j = plan_json(ex->plan());
+    j["budget"] = ex->plan().total() > 0 ? json(ex->plan().total()) : json(nullptr);
+    return j.dump();
+  }
+  std::string stats() {
+    std::lock_guard<std::mutex> lock(mu);
+    const WeightMemory w = ex->weight_memory();
+    return json{{"image", image},
+                {"bytes_read", ex->bytes_read()},
+                {"bytes_used", ex->bytes_used()},
+                {"weights_held", w.held},
+                {"weights_peak", w.peak},
+                {"weights_resident_pages", w.resident_pages},
+                {"bind_us_per_tensor", ex->bind_us_per_tensor()},
+                {"data_bytes", ex->info().data_size},
+                {"activation_bytes", ex->info().activation_bytes}}
+        .dump();
+  }
+};
+
+struct RuntimeHolder : torch::CustomClassHolder {
+  std::unique_ptr<Runtime> rt;
+
+  // models: [{"name", "image", "urgency", "threads", "options": {...executor options}}]
+  RuntimeHolder(const std::string& models, std::int64_t total, const std::string& policy) {
+    guarded([&] {
+      install_cpu_meter();
+      if (total < 0) throw Error("Runtime: total budget " + std::to_string(total) + " is negative");
+      std::vector<RuntimeModel> list;
+      for (const auto& m : json::parse(models)) {
+        RuntimeModel r;
+        r.name = m.at("name").get<std::string>();
+        r.image = m.at("image").get<std::string>();
+        r.urgency = m.value("urgency", 1.0);
+        r.threads = m.value("threads", 0);
+        r.options = executor_options(r.image, 0, m.contains("options") ? m["options"].dump() : "");
+        list.push_back(std::move(r));
+      }
+      RuntimeOptions ro;
+      ro.policy = policy;
+      rt = Runtime::open(std::move(list), static_cast<std::uint64_t>(total), ro);
+      return 0;
+    });
+  }
+  c10::IValue forward(const std::string& model, const c10::List<c10::IValue>& inputs) {
+    return guarded([&] {
+      const int i = rt->index(model);
+      if (i < 0) throw Error("Runtime: no model named '" + model + "'");
+      return rt->submit(i, to_inputs(inputs)).get();
+    });
+  }
+  void set_budget(std::int64_t total) {
+    guarded([&] {
+      if (total < 0) throw Error("Runtime: total budget " + std::to_string(total) + " is negative");
+      rt->set_budget(static_cast<std::uint64_t>(total));
+      return 0;
+    });
+  }
+  bool wait_adapted(std::int64_t ms) { return rt->wait_adapted(std::chrono::milliseconds(ms)); }
+  std::string status() {
+    json models = json::array();
+    for (const ModelStatus& s : rt->status()) {
+      models.push_back({{"name", s.name},
+                        {"budget", s.budget},
+                        {"paused", s.paused},
+                        {"paused_reason", s.paused_reason},
+                        {"blocks", s.blocks},
+                        {"resident_blocks", s.resident_blocks},
+                        {"predicted_ms", s.predicted_ms},
+                        {"min_bytes", s.min_bytes},
+                        {"full_bytes", s.full_bytes},
+                        {"peak_model_bytes", s.peak_model_bytes},
+                        {"over_budget", s.over_budget},
+                        {"requests", s.requests},
+                        {"rejected", s.rejected},
+                        {"failed", s.failed},
+                        {"budget_changes", s.budget_changes}});
+    }
+    json adaptations = json::array();
+    for (const Adaptation& a : rt->adaptations()) {
+      adaptations.push_back({{"at_s", a.at_s},
+                             {"budget_bytes", a.budget_bytes},
+                             {"budgets", a.budgets},
+                             {"took_ms", a.took_ms},
+                             {"plans_ms", a.plans_ms},
+                             {"note", a.note}});
+    }
+    return json{{"total_budget", rt->total_budget()}, {"models", models}, {"adaptations", adaptations}}.dump();
+  }
+};
+
+TORCH_LIBRARY(swapnet, m) {
+  m.def("pack(str model, str image, Any[] inputs) -> str", &pack);
+  m.def("image_info(str image) -> str", &image_info);
+  m.class_<ExecutorHolder>("Executor")
+      .def(torch::init<std::string, std::int64_t, std::string>())
+      .def("forward", &ExecutorHolder::forward)
+      .def("set_budget", &ExecutorHolder::set_budget)
+      .def("plan_json", &ExecutorHolder::plan)
+      .def("stats_json", &ExecutorHolder::stats);
+  m.class_<RuntimeHolder>("Runtime")
+      .def(torch::init<std::string, std::int64_t, std::string>())
+      .def("forward", &RuntimeHolder::forward)
+      .def("set_budget", &RuntimeHolder::set_budget)
+      .def("wait_adapted", &RuntimeHolder::wait_adapted)
+      .def("status_json", &RuntimeHolder::status);
+}
+
+}  // namespace
+}  // namespace swapnet

@@ -1,0 +1,150 @@
+"""The Python package (python/swapnet) on real architectures: pack, run within a budget
+bit-identically to the module's own forward, change the budget, read plan and stats, serve
+several models in a Runtime, and fail with Python exceptions that name the file and the value.
+Run by ctest (python.module) with SWAPNET_LIB and SWAPNET_MODELS set."""
+import os
+import threading
+
+import pytest
+import torch
+
+import swapnet
+
+MODELS = os.environ.get("SWAPNET_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "models"))
+
+
+def model_path(name):
+    p = os.path.join(MODELS, name + ".pt")
+    if not os.path.isfile(p):
+        pytest.fail("%s is missing: bash scripts/models.sh small writes the test models" % p)
+    return p
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """resnet18 and mobilenet_v2 packed once, with their reference outputs."""
+    torch.manual_seed(0)
+    out = {}
+    for name in ("resnet18", "mobilenet_v2"):
+        x = torch.randn(1, 3, 224, 224)
+        image = str(tmp_path_factory.mktemp(name) / (name + ".swapnet"))
+        info = swapnet.pack(model_path(name), image, [x])
+        with torch.no_grad():
+            ref = torch.jit.load(model_path(name)).eval()(x)
+        out[name] = (image, x, ref, info)
+    return out
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_executor_is_bit_identical_within_budgets(packed, name):
+    image, x, ref, info = packed[name]
+    assert info["layers"] > 10 and info["data_bytes"] > 1 << 20
+    meta = swapnet.image_info(image)
+    assert meta["full_bytes"] == info["data_bytes"] + info["activation_bytes"]
+    ex = swapnet.Executor(image, budget="100%")
+    assert ex.budget == meta["full_bytes"]
+    # Every weight resident, halfway to the minimum, the minimum, and back up.
+    lo, hi = meta["min_budget"], meta["full_bytes"]
+    for budget in [hi, (lo + hi) // 2, lo, (lo + hi) // 2]:
+        ex.budget = budget
+        plan = ex.plan
+        assert plan["total_bytes"] <= budget, plan
+        for _ in range(2):
+            y = ex(x)
+            assert torch.equal(y, ref), "%s at %d bytes differs from forward" % (name, budget)
+        if budget < hi:
+            assert len(plan["blocks"]) > 1 and sum(plan["resident"]) < len(plan["blocks"]), plan
+    stats = ex.stats
+    assert stats["bytes_read"] >= info["data_bytes"]
+    assert stats["weights_peak"] <= info["data_bytes"] + 4096
+
+
+def test_pack_a_scripted_module(tmp_path):
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3),
+                              torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(32 * 12 * 12, 10)).eval()
+    scripted = torch.jit.script(net)
+    x = torch.randn(2, 3, 16, 16)
+    image = str(tmp_path / "small.swapnet")
+    info = swapnet.pack(scripted, image, x)
+    assert info["layers"] >= 3
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".pt")], "the temporary .pt is left behind"
+    ex = swapnet.Executor(image, budget="100%")
+    with torch.no_grad():
+        assert torch.equal(ex(x), scripted(x))
+
+
+def test_runtime_serves_several_models_from_threads(packed):
+    r18, x18, ref18, _ = packed["resnet18"]
+    mb2, xmb, refmb, _ = packed["mobilenet_v2"]
+    rt = swapnet.Runtime({"r18": r18, "mb2": mb2}, budget="80MiB")
+    errors = []
+
+    def client(name, x, ref):
+        try:
+            for _ in range(3):
+                if not torch.equal(rt(name, x), ref):
+                    errors.append(name + " differs")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=a) for a in (("r18", x18, ref18), ("mb2", xmb, refmb))] * 1
+    for t in threads:
+        t.start()
+    rt.budget = "60MiB"
+    for t in threads:
+        t.join()
+    assert rt.wait_adapted(10)
+    assert not errors, errors
+    status = rt.status()
+    assert status["total_budget"] == 60 << 20
+    assert sum(m["budget"] for m in status["models"]) <= 60 << 20
+    assert all(m["over_budget"] == 0 and m["failed"] == 0 for m in status["models"]), status
+    assert torch.equal(rt("r18", x18), ref18)
+    with pytest.raises(KeyError, match="no model named 'nope'"):
+        rt("nope", x18)
+
+
+def test_errors_name_the_file_and_the_value(packed, tmp_path):
+    image, x, _, _ = packed["resnet18"]
+    with pytest.raises(swapnet.Error, match=r"r.*below the minimum.*minimum for this model is \d+ bytes"):
+        swapnet.Executor(image, budget="1MiB")
+    ex = swapnet.Executor(image, budget="100%")
+    with pytest.raises(swapnet.Error, match="below the minimum"):
+        ex.budget = 1 << 20
+    assert torch.equal(ex(x), packed["resnet18"][2]), "a refused budget changed the executor"
+    with pytest.raises(swapnet.Error, match="plan 'fastest' is not one of auto|optimal|equal"):
+        swapnet.Executor(image, budget="100%", plan="fastest")
+    with pytest.raises(FileNotFoundError, match="nope.swapnet"):
+        swapnet.Executor(str(tmp_path / "nope.swapnet"), budget="10MiB")
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        swapnet.pack(str(tmp_path / "nope.pt"), str(tmp_path / "x.swapnet"), [x])
+    with pytest.raises(TypeError, match="eager nn.Module"):
+        swapnet.pack(torch.nn.Linear(2, 2), str(tmp_path / "x.swapnet"), [torch.randn(1, 2)])
+    with pytest.raises(ValueError, match="'12 parsecs' is not a size"):
+        swapnet.Executor(image, budget="12 parsecs")
+    bad = tmp_path / "bad.swapnet"
+    bad.write_bytes(b"not an image" * 1000)
+    with pytest.raises(swapnet.Error, match="bad.swapnet"):
+        swapnet.Executor(str(bad), budget="10MiB")
+    with pytest.raises(swapnet.Error, match="model.pt"):
+        notscript = tmp_path / "model.pt"
+        notscript.write_bytes(b"\x00" * 100)
+        swapnet.pack(str(notscript), str(tmp_path / "y.swapnet"), [x])
+    assert not os.path.exists(tmp_path / "y.swapnet")
+
+
+def test_parse_size():
+    assert swapnet.parse_size("600MiB") == 600 << 20
+    assert swapnet.parse_size("1.5GB") == 1_500_000_000
+    assert swapnet.parse_size(4096) == 4096
+    assert swapnet.parse_size("25%", whole=400) == 100
+    for bad in ["-1", "MiB", "12 parsecs", "150%"]:
+        with pytest.raises(ValueError):
+            swapnet.parse_size(bad, whole=100)
+    with pytest.raises(ValueError):
+        swapnet.parse_size("10%")
+    with pytest.raises(ValueError):
+        swapnet.parse_size(-5)
+    with pytest.raises(TypeError):
+        swapnet.parse_size(True)
