@@ -19,6 +19,7 @@
 //   built against another libtorch keeps the normal path (said once) instead of loading a
 //   second one.
 #include "swapnet/preload.h"
+#include "internal.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -193,21 +194,23 @@ void print_stats() {
   }
 }
 
-// Loads libswapnet_dispatch.so (next to this library, or $SWAPNET_DISPATCH_LIB) if the libtorch
-// it links is the one in the process; otherwise says why, once, and leaves .to() alone.
-void load_dispatch(State& s) {
+// Loads one of swapnet's libtorch-linked libraries: `env` names it, else `file` next to this
+// library; only if the libtorch_cpu it was linked with is the one in the process (a program
+// built against another libtorch must not get a second one). Otherwise says why, once per
+// `purpose`, and returns nullptr.
+void* load_torch_library(const char* env, const char* file, const char* purpose) {
   std::string path;
-  if (const char* p = getenv("SWAPNET_DISPATCH_LIB"); p && *p) {
+  if (const char* p = getenv(env); p && *p) {
     path = p;
   } else {
     Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(&load_dispatch), &info) == 0 || info.dli_fname == nullptr) return;
+    if (dladdr(reinterpret_cast<void*>(&load_torch_library), &info) == 0 || info.dli_fname == nullptr) return nullptr;
     std::string self = info.dli_fname;
-    path = self.substr(0, self.find_last_of('/') + 1) + "libswapnet_dispatch.so";
+    path = self.substr(0, self.find_last_of('/') + 1) + file;
   }
 #ifdef SWAPNET_TORCH_CPU_SONAME
   // The same soname is not enough (pip's is unversioned): the loaded libtorch_cpu must be the
-  // very file the dispatch library was linked with.
+  // very file the library was linked with.
   void* torch = dlopen(SWAPNET_TORCH_CPU_SONAME, RTLD_LAZY | RTLD_NOLOAD);
   std::string loaded = "(none)";
   if (torch != nullptr) {
@@ -217,17 +220,18 @@ void load_dispatch(State& s) {
     dlclose(torch);
   }
   if (loaded != SWAPNET_TORCH_CPU_PATH) {
-    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: this program's libtorch_cpu is %s, not %s, "
-                         "the one %s was built with\n", loaded.c_str(), SWAPNET_TORCH_CPU_PATH, path.c_str());
-    return;
+    std::fprintf(stderr, "swapnet-preload: %s disabled: this program's libtorch_cpu is %s, not %s, "
+                         "the one %s was built with\n", purpose, loaded.c_str(), SWAPNET_TORCH_CPU_PATH, path.c_str());
+    return nullptr;
   }
 #endif
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) {
-    std::fprintf(stderr, "swapnet-preload: copy-free .to(cuda) disabled: %s\n", dlerror());
-    return;
-  }
-  s.dispatch_lib = h;
+  if (h == nullptr) std::fprintf(stderr, "swapnet-preload: %s disabled: %s\n", purpose, dlerror());
+  return h;
+}
+
+void load_dispatch(State& s) {
+  s.dispatch_lib = load_torch_library("SWAPNET_DISPATCH_LIB", "libswapnet_dispatch.so", "copy-free .to(cuda)");
 }
 
 // c10's own alloc_cpu / free_cpu in the object that defines them. A program linked with libtorch
@@ -241,7 +245,7 @@ void load_dispatch(State& s) {
 void* find_c10(const char* symbol) {
   if (void* f = dlsym(RTLD_NEXT, symbol)) return f;
   Dl_info self{};
-  dladdr(reinterpret_cast<void*>(&find_c10), &self);
+  dladdr(reinterpret_cast<void*>(&load_torch_library), &self);
   std::vector<std::string> names;
   dl_iterate_phdr(
       [](struct dl_phdr_info* info, size_t, void* out) {
@@ -368,6 +372,14 @@ void note_alloc(State& s, size_t n) {
 }
 
 }  // namespace
+
+namespace swapnet_preload {
+void* find_real(const char* symbol) { return find_c10(symbol); }
+void* load_torch_helper() {
+  static void* h = load_torch_library("SWAPNET_TORCH_LIB", "libswapnet_torch.so", "transparent swapping (SWAPNET_BUDGET)");
+  return h;
+}
+}  // namespace swapnet_preload
 
 namespace c10 {
 

@@ -27,18 +27,10 @@
 #include "swapnet/partitioner.h"
 #include "swapnet/scheduler.h"
 #include "swapnet/swapcore.h"
+#include "classes.h"
 
 namespace swapnet {
 namespace {
-
-using json = nlohmann::json;
-
-std::vector<c10::IValue> to_inputs(const c10::List<c10::IValue>& list) {
-  std::vector<c10::IValue> v;
-  v.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) v.push_back(list.get(i));
-  return v;
-}
 
 std::string shape_text(const std::vector<c10::IValue>& inputs) {
   std::string out;
@@ -52,16 +44,6 @@ std::string shape_text(const std::vector<c10::IValue>& inputs) {
     for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
   }
   return out;
-}
-
-// Runs `f`, turning any exception into std::runtime_error (what torch passes to Python).
-template <typename F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    throw std::runtime_error(e.what());
-  }
 }
 
 std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
@@ -107,6 +89,8 @@ std::string image_info(const std::string& image) {
         .dump();
   });
 }
+
+}  // namespace
 
 // The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile.
 ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& text) {
@@ -184,53 +168,7 @@ json plan_json(const ExecutionPlan& p) {
                                                                  : "ring"}};
 }
 
-struct ExecutorHolder : torch::CustomClassHolder {
-  std::string image;
-  std::unique_ptr<Executor> ex;
-  std::mutex mu;  // one inference at a time (Executor's contract), whatever Python threads do
-
-  ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options) : image(path) {
-    guarded([&] {
-      install_cpu_meter();
-      ex = Executor::open(path, executor_options(path, budget, options));
-      return 0;
-    });
-  }
-  c10::IValue forward(const c10::List<c10::IValue>& inputs) {
-    return guarded([&] {
-      std::lock_guard<std::mutex> lock(mu);
-      return ex->forward(to_inputs(inputs));
-    });
-  }
-  void set_budget(std::int64_t bytes) {
-    guarded([&] {
-      if (bytes < 0) throw Error(image + ": budget " + std::to_string(bytes) + " is negative");
-      std::lock_guard<std::mutex> lock(mu);
-      ex->set_budget(static_cast<std::uint64_t>(bytes));
-      return 0;
-    });
-  }
-  std::string plan() {
-    std::lock_guard<std::mutex> lock(mu);
-    json j = plan_json(ex->plan());
-    j["budget"] = ex->plan().total() > 0 ? json(ex->plan().total()) : json(nullptr);
-    return j.dump();
-  }
-  std::string stats() {
-    std::lock_guard<std::mutex> lock(mu);
-    const WeightMemory w = ex->weight_memory();
-    return json{{"image", image},
-                {"bytes_read", ex->bytes_read()},
-                {"bytes_used", ex->bytes_used()},
-                {"weights_held", w.held},
-                {"weights_peak", w.peak},
-                {"weights_resident_pages", w.resident_pages},
-                {"bind_us_per_tensor", ex->bind_us_per_tensor()},
-                {"data_bytes", ex->info().data_size},
-                {"activation_bytes", ex->info().activation_bytes}}
-        .dump();
-  }
-};
+namespace {
 
 struct RuntimeHolder : torch::CustomClassHolder {
   std::unique_ptr<Runtime> rt;

@@ -1,0 +1,114 @@
+// Inside libswapnet_torch.so: the Executor custom class, shared by the Python classes
+// (torch_classes.cpp) and transparent swapping (transparent.cpp). Not installed.
+#pragma once
+
+#include <torch/custom_class.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "swapnet/assembly.h"
+
+namespace swapnet {
+
+using json = nlohmann::json;
+
+// The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile), with
+// the device profile of this machine when there is one (said once when there is none).
+ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& options_json);
+json plan_json(const ExecutionPlan& p);
+
+inline std::vector<c10::IValue> to_inputs(const c10::List<c10::IValue>& list) {
+  std::vector<c10::IValue> v;
+  v.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) v.push_back(list.get(i));
+  return v;
+}
+
+// Runs `f`, turning any exception into std::runtime_error (what torch passes to Python).
+template <typename F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+// torch.classes.swapnet.Executor
+struct ExecutorHolder : torch::CustomClassHolder {
+  std::string image;
+  std::unique_ptr<Executor> ex;
+  std::mutex mu;  // one inference at a time (Executor's contract), whatever Python threads do
+  int account = 0;                   // CPU meter account of its inferences' activations
+  std::uint64_t activation_peak = 0;  // most activation bytes one inference allocated
+  std::uint64_t inferences = 0;
+
+  ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options) : image(path) {
+    guarded([&] {
+      install_cpu_meter();
+      account = new_cpu_account();
+      ex = Executor::open(path, executor_options(path, budget, options));
+      return 0;
+    });
+  }
+  c10::IValue forward(const c10::List<c10::IValue>& inputs) {
+    return guarded([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      // Activations are charged to this executor's account while it runs (as the Runtime does),
+      // so that stats can say the most it held: weights at their peak + activations at theirs.
+      const int previous = set_thread_cpu_account(account);
+      reset_cpu_account_peak(account);
+      const std::uint64_t base = cpu_account(account).current;
+      try {
+        c10::IValue out = ex->forward(to_inputs(inputs));
+        set_thread_cpu_account(previous);
+        activation_peak = std::max<std::uint64_t>(activation_peak, cpu_account(account).peak - base);
+        ++inferences;
+        return out;
+      } catch (...) {
+        set_thread_cpu_account(previous);
+        throw;
+      }
+    });
+  }
+  void set_budget(std::int64_t bytes) {
+    guarded([&] {
+      if (bytes < 0) throw Error(image + ": budget " + std::to_string(bytes) + " is negative");
+      std::lock_guard<std::mutex> lock(mu);
+      ex->set_budget(static_cast<std::uint64_t>(bytes));
+      return 0;
+    });
+  }
+  std::string plan() {
+    std::lock_guard<std::mutex> lock(mu);
+    json j = plan_json(ex->plan());
+    j["budget"] = ex->plan().total() > 0 ? json(ex->plan().total()) : json(nullptr);
+    return j.dump();
+  }
+  std::string stats() {
+    std::lock_guard<std::mutex> lock(mu);
+    const WeightMemory w = ex->weight_memory();
+    return json{{"image", image},
+                {"bytes_read", ex->bytes_read()},
+                {"bytes_used", ex->bytes_used()},
+                {"weights_held", w.held},
+                {"weights_peak", w.peak},
+                {"weights_resident_pages", w.resident_pages},
+                {"bind_us_per_tensor", ex->bind_us_per_tensor()},
+                {"activation_peak", activation_peak},
+                {"peak_model_bytes", w.peak + activation_peak},
+                {"inferences", inferences},
+                {"data_bytes", ex->info().data_size},
+                {"activation_bytes", ex->info().activation_bytes}}
+        .dump();
+  }
+};
+
+}  // namespace swapnet

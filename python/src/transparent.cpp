@@ -1,0 +1,379 @@
+// Transparent swapping (Note [Transparent swapping] in preload/src/jit_load.cpp): what the
+// preload's torch::jit::load / import_ir_module hand a model file to when SWAPNET_BUDGET is set.
+//
+// The model is never loaded into the program. Its swap image is found or made:
+//   1. MODEL's stem + ".swapnet" beside it (an image the user packed), if not older than MODEL;
+//   2. STEM.<content hash>.swapnet beside MODEL (if the directory is writable), else in the
+//      cache directory ($SWAPNET_CACHE_DIR, else $XDG_CACHE_HOME/swapnet, else ~/.cache/swapnet):
+//      keyed by the file's content (XXH3-64), so a changed model gets a new image;
+//   3. else, when SWAPNET_INPUT_SHAPE gives forward's input shape(s) (as `swapnet pack
+//      --input-shape`, several separated by ';'), made now by `swapnet pack` in a child process
+//      (the model's weights are read there, not here) into a temporary file renamed into place 2.
+// The module returned has the model's forward signature (from the image's skeleton) and one
+// attribute, `_swapnet`, an Executor custom class object (classes.h) holding the image open
+// within the budget; forward calls it: outputs bit-identical to the model's forward.
+//
+// SWAPNET_BUDGET: bytes, text ("60MiB"), or a percentage of the model's full demand (weights +
+// activations, as swapnet.Executor takes it). Declined, each said once on stderr, and loaded
+// normally: a map_location other than the CPU, extra files asked for, no image and no input
+// shape to make one, a failing pack, a budget the model fits in anyway or is below its minimum.
+// SWAPNET_ALLOC_STATS=1 adds one line per swapped model at exit:
+//   swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
+//                  bytes_read=N inferences=N
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/custom_class.h>
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "classes.h"
+#include "swapnet/swapcore.h"
+
+extern char** environ;
+
+namespace swapnet {
+namespace {
+
+using torch::jit::CompilationUnit;
+using torch::jit::ExtraFilesMap;
+using torch::jit::Module;
+
+// Through the one logger, once per key. Transparent swapping is asked for by the environment,
+// so its notices are on (warn) unless SWAPNET_LOG says otherwise: "said once on stderr".
+void notices_on() {
+  static std::once_flag level;
+  std::call_once(level, [] {
+    if (std::getenv("SWAPNET_LOG") == nullptr) set_log_level(LogLevel::kWarn);
+  });
+}
+void say(const std::string& key, const std::string& message) {
+  notices_on();
+  log_once(LogLevel::kWarn, key, message);
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string dir_of(const std::string& p) {
+  const auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+}
+std::string stem_of(const std::string& p) {
+  std::string base = p.substr(p.find_last_of('/') + 1);
+  const auto dot = base.find_last_of('.');
+  return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+}
+bool is_file(const std::string& p, struct stat* st = nullptr) {
+  struct stat s {};
+  if (::stat(p.c_str(), &s) != 0 || !S_ISREG(s.st_mode)) return false;
+  if (st) *st = s;
+  return true;
+}
+
+// XXH3-64 of the file's bytes, 16 hex digits ("" when it cannot be read).
+std::string content_key(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(4 << 20);
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf.data(), buf.size())) > 0) XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
+  ::close(fd);
+  const unsigned long long h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  if (n < 0) return "";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", h);
+  return hex;
+}
+
+std::string cache_dir() {
+  if (std::string d = env("SWAPNET_CACHE_DIR"); !d.empty()) return d;
+  if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return d + "/swapnet";
+  return env("HOME").empty() ? "/tmp/swapnet-cache" : env("HOME") + "/.cache/swapnet";
+}
+
+bool make_dirs(const std::string& d) {
+  if (d.empty() || is_file(d)) return false;
+  struct stat s {};
+  if (::stat(d.c_str(), &s) == 0) return S_ISDIR(s.st_mode);
+  if (!make_dirs(dir_of(d)) && dir_of(d) != d) return false;
+  return ::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST;
+}
+
+// The swapnet CLI: $SWAPNET_CLI, else beside this library (the build tree), else ../bin.
+std::string find_cli() {
+  if (std::string c = env("SWAPNET_CLI"); !c.empty()) return c;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&find_cli), &info) != 0 && info.dli_fname != nullptr) {
+    const std::string d = dir_of(info.dli_fname);
+    for (const std::string& c : {d + "/swapnet", d + "/../bin/swapnet"}) {
+      if (::access(c.c_str(), X_OK) == 0) return c;
+    }
+  }
+  return "swapnet";  // on PATH
+}
+
+// `swapnet pack MODEL -o OUT --input-shape ...` in a child process, into OUT.tmp.PID renamed to
+// OUT; "" on success, else why.
+std::string pack_in_child(const std::string& model, const std::string& out, const std::string& shapes) {
+  const std::string cli = find_cli();
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  std::vector<std::string> args = {cli, "pack", model, "-o", tmp, "--input-shape"};
+  std::stringstream ss(shapes);
+  for (std::string s; std::getline(ss, s, ';');) {
+    if (!s.empty()) args.push_back(s);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // The child must not inherit the preload (it would swap the model it packs).
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SWAPNET_BUDGET=", 15) != 0) envs.push_back(*e);
+  }
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  // Its report goes to stderr: the program's stdout is the program's.
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, 2, 1);
+  pid_t pid = 0;
+  int rc = cli.find('/') == std::string::npos ? posix_spawnp(&pid, cli.c_str(), &fa, nullptr, argv.data(), envp.data())
+                                               : posix_spawn(&pid, cli.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return "cannot run " + cli + ": " + errno_name(rc);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ::unlink(tmp.c_str());
+    return cli + " pack " + model + " --input-shape " + shapes + " failed (status " + std::to_string(status) + ")";
+  }
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return "cannot rename " + tmp + " to " + out + ": " + errno_name(e);
+  }
+  return "";
+}
+
+// The image for `model`, found or made as the file comment says; "" (with *why) when none.
+std::string image_for(const std::string& model, std::string* why) {
+  struct stat ms {};
+  is_file(model, &ms);
+  const std::string dir = dir_of(model), stem = stem_of(model);
+  struct stat is {};
+  if (const std::string beside = dir + "/" + stem + ".swapnet"; is_file(beside, &is)) {
+    if (is.st_mtime >= ms.st_mtime) return beside;
+    say("stale:" + beside, beside + " is older than " + model + "; not used (a content-keyed image is looked for)");
+  }
+  const std::string key = content_key(model);
+  if (key.empty()) {
+    *why = "cannot read " + model + " to key its image";
+    return "";
+  }
+  const std::string name = stem + "." + key + ".swapnet";
+  const std::string near = dir + "/" + name, cached = cache_dir() + "/" + name;
+  if (is_file(near)) return near;
+  if (is_file(cached)) return cached;
+  const std::string shapes = env("SWAPNET_INPUT_SHAPE");
+  if (shapes.empty()) {
+    *why = "no swap image for " + model + " (looked for " + dir + "/" + stem + ".swapnet, " + near + ", " + cached +
+           "); set SWAPNET_INPUT_SHAPE=1,3,224,224 (forward's input shape; ';' between inputs) to make one when it "
+           "loads, or run swapnet pack " + model + " -o " + dir + "/" + stem + ".swapnet --input-shape ...";
+    return "";
+  }
+  const std::string out = ::access(dir.c_str(), W_OK) == 0 ? near : cached;
+  if (out == cached && !make_dirs(cache_dir())) {
+    *why = "cannot create the cache directory " + cache_dir();
+    return "";
+  }
+  say("pack:" + model, "making the swap image of " + model + " at " + out + " (once)");
+  if (std::string err = pack_in_child(model, out, shapes); !err.empty()) {
+    *why = err;
+    return "";
+  }
+  return out;
+}
+
+std::uint64_t parse_budget(const std::string& text, std::uint64_t full) {
+  if (!text.empty() && text.back() == '%') {
+    char* end = nullptr;
+    const double pct = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100)) {
+      throw Error("SWAPNET_BUDGET='" + text + "' is not a percentage in (0, 100]");
+    }
+    return static_cast<std::uint64_t>(static_cast<double>(full) * pct / 100);
+  }
+  try {
+    return parse_size(text);
+  } catch (const std::exception& e) {
+    throw Error("SWAPNET_BUDGET='" + text + "': " + e.what());
+  }
+}
+
+// ---- per-model stats at exit ----
+struct Swapped {
+  std::string model, image;
+  std::uint64_t budget = 0;
+  c10::intrusive_ptr<ExecutorHolder> holder;
+};
+std::mutex g_mu;
+std::vector<Swapped>* g_models = nullptr;  // never destroyed: read at exit
+
+void print_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_models) return;
+  for (const Swapped& s : *g_models) {
+    const json st = json::parse(s.holder->stats());
+    const json pl = json::parse(s.holder->plan());
+    int resident = 0;
+    for (const auto& r : pl["resident"]) resident += r.get<int>();
+    std::fprintf(stderr,
+                 "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%d peak_model_bytes=%llu "
+                 "bytes_read=%llu inferences=%llu\n",
+                 s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.budget), pl["blocks"].size(),
+                 resident, st["peak_model_bytes"].get<unsigned long long>(), st["bytes_read"].get<unsigned long long>(),
+                 st["inferences"].get<unsigned long long>());
+  }
+}
+
+// The module handed to the program: forward(self, <the model's inputs>) -> <its output>, which
+// calls self._swapnet.forward([inputs]) and casts the result back to the declared type.
+Module wrapper(std::shared_ptr<CompilationUnit> cu, const std::string& model, const ImageInfo& info,
+               const c10::intrusive_ptr<ExecutorHolder>& holder) {
+  std::istringstream is(info.skeleton);
+  Module skeleton = torch::jit::load(is);  // weightless; its forward takes the inputs, then every tensor
+  const c10::FunctionSchema& schema = skeleton.get_method("forward").function().getSchema();
+  const size_t n = info.num_inputs;
+  if (schema.arguments().size() < 1 + n || schema.returns().size() != 1) {
+    throw Error(model + ": the image's skeleton does not have forward's signature");
+  }
+  if (!cu) cu = std::make_shared<CompilationUnit>();
+  std::string name;
+  for (char c : stem_of(model)) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  Module m(c10::QualifiedName("__torch__.swapnet.Swapped_" + name), cu, /*shouldMangle=*/true);
+  m.register_attribute("training", c10::BoolType::get(), false);
+  m.register_attribute("_swapnet", torch::getCustomClass("__torch__.torch.classes.swapnet.Executor"), c10::IValue(holder));
+
+  auto g = std::make_shared<torch::jit::Graph>();
+  torch::jit::Value* self = g->addInput("self")->setType(m.type());
+  std::vector<torch::jit::Value*> args;
+  for (size_t i = 1; i <= n; ++i) {
+    const c10::Argument& a = schema.arguments()[i];
+    args.push_back(g->addInput(a.name())->setType(a.type()));
+  }
+  torch::jit::Value* obj = g->insertGetAttr(self, "_swapnet");
+  torch::jit::Value* list = g->insertNode(g->createList(c10::AnyType::get(), args))->output();
+  torch::jit::Node* call = g->insertNode(g->create(c10::prim::CallMethod, {obj, list}, 1));
+  call->s_(c10::attr::name, "forward");
+  call->output()->setType(c10::AnyType::get());
+  torch::jit::Value* out = g->insertUncheckedCast(call->output(), schema.returns()[0].type());
+  g->registerOutput(out);
+  auto* fn = cu->create_function(c10::QualifiedName(*m.type()->name(), "forward"), g);
+  m.type()->addMethod(fn);
+  return m;
+}
+
+// Returns the swapped module, or (declined, said once) nothing.
+c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::string& model,
+                               c10::optional<c10::Device> device, ExtraFilesMap* extra) {
+  notices_on();
+  const std::string key = "transparent:" + model;
+  if (device && !device->is_cpu()) {
+    say(key, model + ": map_location " + device->str() + ": loaded normally (swapping runs on the CPU here)");
+    return c10::nullopt;
+  }
+  if (extra && !extra->empty()) {
+    say(key, model + ": extra files asked for: loaded normally");
+    return c10::nullopt;
+  }
+  if (!is_file(model)) return c10::nullopt;  // libtorch says what is wrong
+  std::string why;
+  const std::string image = image_for(model, &why);
+  if (image.empty()) {
+    say(key, why + "; loaded normally");
+    return c10::nullopt;
+  }
+  ImageInfo info;
+  if (Status s = read_image_info(image, &info); !s.ok()) {
+    say(key, s.message() + "; " + model + " loaded normally");
+    return c10::nullopt;
+  }
+  const std::string spec = env("SWAPNET_BUDGET");
+  const std::uint64_t full = info.data_size + info.activation_bytes;
+  const std::uint64_t budget = parse_budget(spec, full);
+  if (budget >= full) {
+    say(key, model + " fits in SWAPNET_BUDGET=" + spec + " (" + format_bytes(budget) + " >= " + format_bytes(full) +
+                 " of weights and activations): loaded normally");
+    return c10::nullopt;
+  }
+  c10::intrusive_ptr<ExecutorHolder> holder;
+  try {
+    holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget), std::string());
+  } catch (const std::exception& e) {
+    say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
+    return c10::nullopt;
+  }
+  Module m = wrapper(std::move(cu), model, info, holder);
+  log(LogLevel::kInfo, model + " runs swapped from " + image + " within " + format_bytes(budget));
+  if (!env("SWAPNET_ALLOC_STATS").empty() && env("SWAPNET_ALLOC_STATS") != "0") {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_models) {
+      g_models = new std::vector<Swapped>;
+      std::atexit(print_stats);
+    }
+    g_models->push_back(Swapped{model, image, budget, holder});
+  }
+  return m;
+}
+
+enum Kind : int { kLoad3 = 0, kLoad2 = 1, kImport4 = 2 };
+
+}  // namespace
+}  // namespace swapnet
+
+// The preload's entry point (preload/src/jit_load.cpp): the swapped module, or what the real
+// libtorch function returns. Any failure of swapnet's own loads the model normally (said).
+extern "C" __attribute__((visibility("default"))) torch::jit::Module swapnet_transparent_load(
+    void* real, int kind, std::shared_ptr<torch::jit::CompilationUnit> cu, const std::string& file,
+    c10::optional<c10::Device> device, torch::jit::ExtraFilesMap* extra) {
+  using namespace swapnet;
+  try {
+    if (auto m = try_swap(cu, file, device, extra)) return *m;
+  } catch (const std::exception& e) {
+    say("transparent:" + file, file + ": " + e.what() + "; loaded normally");
+  }
+  switch (kind) {
+    case kLoad3:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(real)(
+          file, device, *extra);
+    case kLoad2:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(real)(file, device);
+    default:
+      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&,
+                                         c10::optional<c10::Device>, ExtraFilesMap&)>(real)(std::move(cu), file,
+                                                                                             device, *extra);
+  }
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Transparent swapping (Note [Transparent swapping], preload/src/jit_load.cpp): an unmodified C++
+# program (jit_forward.cpp, not linked with swapnet) and an unmodified Python program
+# (jit_forward.py) load resnet18 with torch::jit::load / torch.jit.load under LD_PRELOAD with
+# SWAPNET_BUDGET at 35 % of the model: outputs bit-identical to the run without the preload, the
+# stats line shows the budget held (peak model bytes within it), and peak RSS is lower by at
+# least half of the model's weight bytes. The image is made once (SWAPNET_INPUT_SHAPE, in a
+# child process), reused, and made again when the model's content changes; an image beside the
+# model is taken. Every way of declining (no image and no shape, a failing pack, a budget below
+# the minimum, a malformed one, one the model fits in) is said once and loads the model normally
+# with the same outputs; without SWAPNET_BUDGET nothing is said.
+#   transparent_test.sh PRELOAD.so JIT_FORWARD PYTHON MODEL_DIR
+set -u
+lib=$1 prog=$2 py=$3 models=$4
+pyprog=$(dirname "$0")/jit_forward.py
+fail=0
+check() { if ! eval "$2"; then echo "FAIL: $1" >&2; fail=1; return 1; fi; echo "ok: $1"; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp "$models/resnet18.pt" "$work/model.pt"
+shape=1,3,224,224
+err=$work/err
+hwm() { awk '/^vm_hwm_kb/ {print $2}' "$err"; }
+cxx() { "$@" "$prog" "$work/model.pt" $shape 2>"$err"; }
+pyr() { "$@" "$py" "$pyprog" "$work/model.pt" $shape 2>"$err"; }
+pre=(env LD_PRELOAD="$lib" SWAPNET_ALLOC_STATS=1)
+
+plain_c=$(cxx env); hwm_c=$(hwm)
+plain_p=$(pyr env); hwm_p=$(hwm)
+check "programs run without the preload" '[[ "$plain_c" == "output "*" same=1" ]] && [[ "$plain_p" == "output "*" same=1" ]]'
+weights=$("$SWAPNET_CLI" inspect "$models/resnet18.pt" --input-shape $shape --json 2>/dev/null |
+  "$py" -c 'import json,sys; print(json.load(sys.stdin)["total_bytes"])')
+check "weight bytes known ($weights)" '[ "${weights:-0}" -gt 1000000 ]'
+
+# C++: the image is made on first load, the model runs swapped.
+out=$(cxx "${pre[@]}" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=$shape); cat "$err"
+check "C++: outputs identical under SWAPNET_BUDGET=35%" '[ "$out" = "$plain_c" ]'
+check "C++: the image was made once, beside the model" \
+  '[ "$(grep -c "making the swap image of" "$err")" -eq 1 ] && ls "$work"/model.*.swapnet >/dev/null 2>&1'
+check "C++: no temporary file left" '! ls "$work"/*.tmp.* >/dev/null 2>&1'
+stats=$(grep '^swapnet-model: ' "$err")
+if [[ "$stats" =~ budget=([0-9]+)\ blocks=([0-9]+)\ resident_blocks=([0-9]+)\ peak_model_bytes=([0-9]+)\ bytes_read=([0-9]+)\ inferences=2 ]]; then
+  budget=${BASH_REMATCH[1]} blocks=${BASH_REMATCH[2]} peak=${BASH_REMATCH[4]} read=${BASH_REMATCH[5]}
+  check "C++: swapped in $blocks blocks, peak model bytes $peak within the budget $budget, $read bytes read" \
+    '[ "$blocks" -gt 1 ] && [ "$peak" -le "$budget" ] && [ "$read" -gt 0 ]'
+else
+  check "C++: stats line ($stats)" false
+fi
+hwm_cs=$(hwm)
+check "C++: peak RSS $hwm_cs KiB vs $hwm_c KiB without: lower by >= half the weights ($((weights / 2048)) KiB)" \
+  '[ $(( (hwm_c - hwm_cs) * 1024 )) -ge $(( weights / 2 )) ]'
+
+# Python: the same image is reused.
+out=$(pyr "${pre[@]}" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=$shape); cat "$err"
+check "Python: outputs identical under SWAPNET_BUDGET=35%" '[ "$out" = "$plain_p" ]'
+check "Python: the image is reused (not made again)" '! grep -q "making the swap image" "$err" && grep -q "^swapnet-model: .*inferences=2" "$err"'
+hwm_ps=$(hwm)
+check "Python: peak RSS $hwm_ps KiB vs $hwm_p KiB without: lower by >= half the weights" \
+  '[ $(( (hwm_p - hwm_ps) * 1024 )) -ge $(( weights / 2 )) ]'
+
+# Declined: each said once, the model loaded normally, outputs unchanged.
+declined() {  # NAME EXPECTED_MESSAGE ENV...
+  local name=$1 msg=$2; shift 2
+  local o; o=$(cxx "${pre[@]}" "$@")
+  check "$name: said once, loaded normally, same outputs" \
+    '[ "$o" = "$plain_c" ] && [ "$(grep -c -- "$msg" "$err")" -eq 1 ] && ! grep -q "^swapnet-model:" "$err"' || cat "$err"
+}
+declined "budget below the minimum" "is below the minimum" SWAPNET_BUDGET=1MiB
+declined "malformed budget" "SWAPNET_BUDGET='lots'" SWAPNET_BUDGET=lots
+declined "a budget the model fits in" "fits in SWAPNET_BUDGET=100%" SWAPNET_BUDGET=100%
+rm -f "$work"/model.*.swapnet
+declined "no image and no input shape" "no swap image for $work/model.pt" SWAPNET_BUDGET=35%
+declined "a failing pack" "pack $work/model.pt --input-shape 1,3 failed" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=1,3
+check "a failing pack leaves no file" '! ls "$work"/model.* 2>/dev/null | grep -v "model.pt$" | grep -q .'
+o=$(cxx env LD_PRELOAD="$lib")
+check "without SWAPNET_BUDGET: nothing said, same outputs" '[ "$o" = "$plain_c" ] && [ "$(grep -vc "^vm_hwm_kb" "$err")" -eq 0 ]'
+
+# A changed model gets a new image; an image beside the model (MODEL's stem + .swapnet) is taken.
+cp "$models/mobilenet_v2.pt" "$work/model.pt"
+plain2=$(cxx env)
+out=$(cxx "${pre[@]}" SWAPNET_BUDGET=75% SWAPNET_INPUT_SHAPE=$shape)
+check "changed content: a new image, outputs identical to the new model's" \
+  '[ "$out" = "$plain2" ] && grep -q "making the swap image" "$err" && [ "$(ls "$work"/model.*.swapnet | wc -l)" -eq 1 ] &&
+   grep -q "^swapnet-model: " "$err"' || cat "$err"
+mv "$work"/model.*.swapnet "$work/model.swapnet"
+out=$(cxx "${pre[@]}" SWAPNET_BUDGET=75%)
+check "an image beside the model is taken" \
+  '[ "$out" = "$plain2" ] && grep -q "^swapnet-model: .* image=$work/model.swapnet " "$err"' || cat "$err"
+exit $fail
