@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "swapnet/assembly.h"
+#include "swapnet/swapcore.h"
 
 namespace swapnet {
 
@@ -55,34 +57,84 @@ struct ExecutorHolder : torch::CustomClassHolder {
       install_cpu_meter();
       account = new_cpu_account();
       ex = Executor::open(path, executor_options(path, budget, options));
+      budget_now.store(static_cast<std::uint64_t>(budget));
       return 0;
     });
   }
   c10::IValue forward(const c10::List<c10::IValue>& inputs) {
-    return guarded([&] {
+    c10::IValue out = guarded([&] {
       std::lock_guard<std::mutex> lock(mu);
+      apply_pending();
       // Activations are charged to this executor's account while it runs (as the Runtime does),
       // so that stats can say the most it held: weights at their peak + activations at theirs.
       const int previous = set_thread_cpu_account(account);
       reset_cpu_account_peak(account);
       const std::uint64_t base = cpu_account(account).current;
       try {
-        c10::IValue out = ex->forward(to_inputs(inputs));
+        // Block by block: a budget asked for meanwhile (request_budget) is taken between two
+        // blocks, as the Runtime moves its models.
+        ex->begin(to_inputs(inputs));
+        while (!ex->step()) apply_pending();
+        c10::IValue r = ex->finish();
         set_thread_cpu_account(previous);
         activation_peak = std::max<std::uint64_t>(activation_peak, cpu_account(account).peak - base);
         ++inferences;
-        return out;
+        apply_pending();
+        return r;
       } catch (...) {
         set_thread_cpu_account(previous);
         throw;
       }
     });
+    settle();
+    return out;
   }
+
+  // From any thread: a new budget, in effect at once when no inference runs, else at the next
+  // block boundary (a cut sheds at once what the running layer does not read: Executor::shed).
+  void request_budget(std::uint64_t bytes) {
+    pending.store(static_cast<std::int64_t>(bytes));
+    if (mu.try_lock()) {
+      apply_pending();
+      mu.unlock();
+      return;
+    }
+    if (bytes < budget_now.load()) ex->shed(bytes);
+    ex->interrupt();
+    settle();
+  }
+  std::uint64_t budget() const { return budget_now.load(); }
+
+ private:
+  std::atomic<std::int64_t> pending{-1};
+  std::atomic<std::uint64_t> budget_now{0};
+  // With `mu` held: adopts a requested budget (a refused one keeps the plan in force, said).
+  void apply_pending() {
+    const std::int64_t p = pending.exchange(-1);
+    if (p < 0) return;
+    try {
+      ex->set_budget(static_cast<std::uint64_t>(p));
+      budget_now.store(static_cast<std::uint64_t>(p));
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarn, std::string(e.what()) + "; keeping " + format_bytes(budget_now.load()));
+    }
+  }
+  // A request that came while an inference was ending (after its last check, before `mu` was
+  // free): taken now if nobody else runs.
+  void settle() {
+    if (pending.load() >= 0 && mu.try_lock()) {
+      apply_pending();
+      mu.unlock();
+    }
+  }
+
+ public:
   void set_budget(std::int64_t bytes) {
     guarded([&] {
       if (bytes < 0) throw Error(image + ": budget " + std::to_string(bytes) + " is negative");
       std::lock_guard<std::mutex> lock(mu);
       ex->set_budget(static_cast<std::uint64_t>(bytes));
+      budget_now.store(static_cast<std::uint64_t>(bytes));
       return 0;
     });
   }

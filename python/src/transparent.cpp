@@ -17,6 +17,8 @@
 // activations, as swapnet.Executor takes it). Declined, each said once on stderr, and loaded
 // normally: a map_location other than the CPU, extra files asked for, no image and no input
 // shape to make one, a failing pack, a budget the model fits in anyway or is below its minimum.
+// The budget changes at run time through SWAPNET_BUDGET_SOURCE and SWAPNET_CONTROL (Models
+// below), taken at the next block boundary of an inference in progress.
 // SWAPNET_ALLOC_STATS=1 adds one line per swapped model at exit:
 //   swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
 //                  bytes_read=N inferences=N
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "classes.h"
+#include "swapnet/scheduler.h"
 #include "swapnet/swapcore.h"
 
 extern char** environ;
@@ -233,30 +236,113 @@ std::uint64_t parse_budget(const std::string& text, std::uint64_t full) {
   }
 }
 
-// ---- per-model stats at exit ----
+// ---- the program's swapped models: stats at exit, budget changes at run time ----
 struct Swapped {
   std::string model, image;
-  std::uint64_t budget = 0;
   c10::intrusive_ptr<ExecutorHolder> holder;
 };
-std::mutex g_mu;
-std::vector<Swapped>* g_models = nullptr;  // never destroyed: read at exit
 
-void print_stats() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_models) return;
-  for (const Swapped& s : *g_models) {
-    const json st = json::parse(s.holder->stats());
-    const json pl = json::parse(s.holder->plan());
-    int resident = 0;
-    for (const auto& r : pl["resident"]) resident += r.get<int>();
-    std::fprintf(stderr,
-                 "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%d peak_model_bytes=%llu "
-                 "bytes_read=%llu inferences=%llu\n",
-                 s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.budget), pl["blocks"].size(),
-                 resident, st["peak_model_bytes"].get<unsigned long long>(), st["bytes_read"].get<unsigned long long>(),
-                 st["inferences"].get<unsigned long long>());
+// Every model the program loaded swapped, as one BudgetTarget for SWAPNET_BUDGET_SOURCE and
+// the control socket: a new total is split in proportion to the models' budgets now (one
+// model: all of it); each takes its share at its next block boundary.
+class Models final : public BudgetTarget {
+ public:
+  void add(Swapped s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    list_.push_back(std::move(s));
   }
+  void set_budget(std::uint64_t total) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t now = total_locked();
+    if (list_.empty() || now == 0) return;
+    for (const Swapped& s : list_) {
+      const double share = static_cast<double>(s.holder->budget()) / static_cast<double>(now);
+      s.holder->request_budget(static_cast<std::uint64_t>(share * static_cast<double>(total)));
+    }
+  }
+  std::uint64_t total_budget() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return total_locked();
+  }
+  std::string status_json() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    json j;
+    j["total_budget_bytes"] = total_locked();
+    j["models"] = json::array();
+    for (const Swapped& s : list_) {
+      const json pl = json::parse(s.holder->plan());
+      const json st = json::parse(s.holder->stats());
+      j["models"].push_back({{"name", s.model},
+                             {"image", s.image},
+                             {"budget_bytes", s.holder->budget()},
+                             {"paused", false},
+                             {"blocks", pl["blocks"].size()},
+                             {"requests", st["inferences"]},
+                             {"peak_model_bytes", st["peak_model_bytes"]},
+                             {"bytes_read", st["bytes_read"]}});
+    }
+    return j.dump();
+  }
+  // swapnet-model lines (SWAPNET_ALLOC_STATS=1), at exit.
+  void print() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Swapped& s : list_) {
+      const json st = json::parse(s.holder->stats());
+      const json pl = json::parse(s.holder->plan());
+      int resident = 0;
+      for (const auto& r : pl["resident"]) resident += r.get<int>();
+      std::fprintf(stderr,
+                   "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%d peak_model_bytes=%llu "
+                   "bytes_read=%llu inferences=%llu\n",
+                   s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.holder->budget()),
+                   pl["blocks"].size(), resident, st["peak_model_bytes"].get<unsigned long long>(),
+                   st["bytes_read"].get<unsigned long long>(), st["inferences"].get<unsigned long long>());
+    }
+  }
+
+ private:
+  std::uint64_t total_locked() const {
+    std::uint64_t t = 0;
+    for (const Swapped& s : list_) t += s.holder->budget();
+    return t;
+  }
+  mutable std::mutex mu_;
+  std::vector<Swapped> list_;
+};
+
+// Never destroyed: read at exit, and by the watcher and control threads until the process ends.
+Models& models() {
+  static Models* m = new Models;
+  return *m;
+}
+
+// SWAPNET_BUDGET_SOURCE (file:PATH | meminfo:RESERVE | cgroup:PATH, polled every
+// SWAPNET_BUDGET_PERIOD_MS, default 100) and SWAPNET_CONTROL (a socket path, or "default" for
+// swapnet ctl's default) start with the first swapped model; a bad one is said and ignored.
+void start_controls() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!env("SWAPNET_ALLOC_STATS").empty() && env("SWAPNET_ALLOC_STATS") != "0") {
+      std::atexit([] { models().print(); });
+    }
+    if (const std::string spec = env("SWAPNET_BUDGET_SOURCE"); !spec.empty()) {
+      try {
+        int ms = 100;
+        if (const std::string p = env("SWAPNET_BUDGET_PERIOD_MS"); !p.empty()) ms = std::max(1, std::stoi(p));
+        new BudgetWatcher(&models(), BudgetSource(spec), std::chrono::milliseconds(ms));  // lives until exit
+      } catch (const std::exception& e) {
+        say("source", std::string("SWAPNET_BUDGET_SOURCE=") + spec + ": " + e.what() + "; ignored");
+      }
+    }
+    if (std::string path = env("SWAPNET_CONTROL"); !path.empty()) {
+      if (path == "default") path = default_control_path();
+      try {
+        new ControlServer(&models(), path);  // lives until exit
+      } catch (const std::exception& e) {
+        say("control", std::string("SWAPNET_CONTROL=") + path + ": " + e.what() + "; ignored");
+      }
+    }
+  });
 }
 
 // The module handed to the program: forward(self, <the model's inputs>) -> <its output>, which
@@ -338,14 +424,8 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
   }
   Module m = wrapper(std::move(cu), model, info, holder);
   log(LogLevel::kInfo, model + " runs swapped from " + image + " within " + format_bytes(budget));
-  if (!env("SWAPNET_ALLOC_STATS").empty() && env("SWAPNET_ALLOC_STATS") != "0") {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (!g_models) {
-      g_models = new std::vector<Swapped>;
-      std::atexit(print_stats);
-    }
-    g_models->push_back(Swapped{model, image, budget, holder});
-  }
+  models().add(Swapped{model, image, holder});
+  start_controls();
   return m;
 }
 

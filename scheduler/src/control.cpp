@@ -69,7 +69,7 @@ std::uint64_t BudgetSource::read() const {
 }
 
 struct BudgetWatcher::Impl {
-  Runtime* rt;
+  BudgetTarget* rt;
   BudgetSource src;
   std::chrono::milliseconds period;
   std::uint64_t hysteresis;
@@ -77,7 +77,7 @@ struct BudgetWatcher::Impl {
   std::condition_variable cv;
   bool stop = false;
   std::thread t;
-  Impl(Runtime* r, BudgetSource s, std::chrono::milliseconds p, std::uint64_t h)
+  Impl(BudgetTarget* r, BudgetSource s, std::chrono::milliseconds p, std::uint64_t h)
       : rt(r), src(std::move(s)), period(p), hysteresis(h) {}
   void loop() {
     std::uint64_t last = rt->total_budget();
@@ -85,10 +85,8 @@ struct BudgetWatcher::Impl {
     std::unique_lock<std::mutex> lk(mu);
     while (!cv.wait_for(lk, period, [&] { return stop; })) {
       try {
-        std::uint64_t held = 0;  // meminfo: the runtime's own budgets are memory it may use
-        if (src.spec().rfind("meminfo:", 0) == 0) {
-          for (const auto& m : rt->status()) held += m.budget;
-        }
+        // meminfo: the target's own budgets are memory it may use
+        const std::uint64_t held = src.spec().rfind("meminfo:", 0) == 0 ? rt->held_bytes() : 0;
         const std::uint64_t now = src.read() + held;
         last_error.clear();
         const std::uint64_t diff = now > last ? now - last : last - now;
@@ -105,7 +103,7 @@ struct BudgetWatcher::Impl {
   }
 };
 
-BudgetWatcher::BudgetWatcher(Runtime* runtime, BudgetSource source, std::chrono::milliseconds period,
+BudgetWatcher::BudgetWatcher(BudgetTarget* runtime, BudgetSource source, std::chrono::milliseconds period,
                              std::uint64_t hysteresis)
     : impl_(std::make_unique<Impl>(runtime, std::move(source), period, hysteresis)) {
   impl_->t = std::thread([this] { impl_->loop(); });
@@ -166,7 +164,7 @@ void write_all(int fd, const std::string& s) {
 }  // namespace
 
 struct ControlServer::Impl {
-  Runtime* rt;
+  BudgetTarget* rt;
   std::string path;
   int fd = -1;
   int wake[2] = {-1, -1};
@@ -184,15 +182,7 @@ struct ControlServer::Impl {
         rt->set_budget(bytes);
         return "ok " + std::to_string(bytes);
       }
-      if (cmd == "status") {
-        nlohmann::json j;
-        j["total_budget_bytes"] = rt->total_budget();
-        for (const auto& s : rt->status()) {
-          j["models"].push_back({{"name", s.name}, {"budget_bytes", s.budget}, {"paused", s.paused},
-                                 {"blocks", s.blocks}, {"requests", s.requests}});
-        }
-        return j.dump();
-      }
+      if (cmd == "status") return rt->status_json();
       return "error: unknown command '" + cmd + "' (budget SIZE | status)";
     } catch (const std::exception& e) {
       return std::string("error: ") + e.what();
@@ -224,7 +214,7 @@ struct ControlServer::Impl {
   }
 };
 
-ControlServer::ControlServer(Runtime* runtime, const std::string& path) : impl_(std::make_unique<Impl>()) {
+ControlServer::ControlServer(BudgetTarget* runtime, const std::string& path) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.rt = runtime;
   m.path = path;

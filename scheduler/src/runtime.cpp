@@ -33,6 +33,8 @@
 
 #include "swapnet/scheduler.h"
 
+#include <nlohmann/json.hpp>
+
 namespace swapnet {
 
 namespace {
@@ -471,6 +473,23 @@ std::vector<Adaptation> Runtime::adaptations() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->adaptations;
 }
+std::uint64_t Runtime::held_bytes() const {
+  std::uint64_t held = 0;
+  for (const auto& m : status()) held += m.budget;
+  return held;
+}
+
+std::string Runtime::status_json() const {
+  nlohmann::json j;
+  j["total_budget_bytes"] = total_budget();
+  j["models"] = nlohmann::json::array();
+  for (const auto& s : status()) {
+    j["models"].push_back({{"name", s.name}, {"budget_bytes", s.budget}, {"paused", s.paused},
+                           {"blocks", s.blocks}, {"requests", s.requests}});
+  }
+  return j.dump();
+}
+
 std::vector<ModelStatus> Runtime::status() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   std::vector<ModelStatus> out;

@@ -58,6 +58,29 @@ hwm_ps=$(hwm)
 check "Python: peak RSS $hwm_ps KiB vs $hwm_p KiB without: lower by >= half the weights" \
   '[ $(( (hwm_p - hwm_ps) * 1024 )) -ge $(( weights / 2 )) ]'
 
+# The budget at run time: a watched file (SWAPNET_BUDGET_SOURCE) and the control socket
+# (SWAPNET_CONTROL, driven by swapnet ctl while the program runs); outputs stay identical.
+echo 30MiB > "$work/budget"
+out=$("${pre[@]}" SWAPNET_BUDGET=35% SWAPNET_BUDGET_SOURCE=file:$work/budget SWAPNET_BUDGET_PERIOD_MS=10 \
+  "$prog" "$work/model.pt" $shape 12 2>"$err")
+check "SWAPNET_BUDGET_SOURCE: the file's budget taken, outputs identical in every run" \
+  '[ "$out" = "$plain_c" ] && grep -q "^swapnet-model: .* budget=31457280 " "$err"' || cat "$err"
+sock=$work/ctl.sock
+"${pre[@]}" SWAPNET_BUDGET=35% SWAPNET_CONTROL=$sock "$prog" "$work/model.pt" $shape 60 >"$work/out" 2>"$err" &
+pid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+answer=$("$SWAPNET_CLI" ctl --socket "$sock" budget 24MiB 2>&1)
+status=$("$SWAPNET_CLI" ctl --socket "$sock" status 2>&1)
+wait $pid
+check "SWAPNET_CONTROL: swapnet ctl budget answered ($answer), status lists the model" \
+  '[ "$answer" = "ok 25165824" ] && [[ "$status" == *"\"budget_bytes\":25165824"* ]]' || echo "$status"
+check "SWAPNET_CONTROL: the new budget held, outputs identical in every run" \
+  '[ "$(cat "$work/out")" = "$plain_c" ] && grep -q "^swapnet-model: .* budget=25165824 .* inferences=60" "$err"' || cat "$err"
+if [[ "$(grep '^swapnet-model: ' "$err")" =~ peak_model_bytes=([0-9]+) ]]; then
+  peak=${BASH_REMATCH[1]}
+  check "SWAPNET_CONTROL: peak model bytes $peak within the larger of the two budgets (24 MiB)" '[ "$peak" -le 25165824 ]'
+fi
+
 # Declined: each said once, the model loaded normally, outputs unchanged.
 declined() {  # NAME EXPECTED_MESSAGE ENV...
   local name=$1 msg=$2; shift 2

@@ -128,9 +128,22 @@ struct Adaptation {
   std::string note;                  // the Allocation's note
 };
 
+// What a budget source (BudgetWatcher) or the control socket (ControlServer) drives: a Runtime,
+// or the models an unmodified program loaded through the preload (transparent swapping).
+class SWAPNET_API BudgetTarget {
+ public:
+  virtual ~BudgetTarget() = default;
+  virtual void set_budget(std::uint64_t total) = 0;  // throws Error when it cannot be met at all
+  virtual std::uint64_t total_budget() const = 0;
+  // Memory its models may use now (meminfo sources add it back to what is "available").
+  virtual std::uint64_t held_bytes() const { return total_budget(); }
+  // One JSON object: total_budget_bytes, models: [{name, budget_bytes, paused, blocks, requests}].
+  virtual std::string status_json() const = 0;
+};
+
 // Several models served concurrently, one worker thread each, within one total budget that
 // counts every model's arena, resident blocks, pinned weights and activations.
-class SWAPNET_API Runtime {
+class SWAPNET_API Runtime : public BudgetTarget {
  public:
   // Opens every image, measures demands, splits `total_budget` and plans each model. Throws
   // Error when the scenario cannot fit at all (the sum of minimums above the total, with the
@@ -155,10 +168,12 @@ class SWAPNET_API Runtime {
   // within the new total once it has taken effect. A total below the sum of minimums pauses
   // models (said in the note; an inference a paused model was running fails) and keeps the
   // rest running.
-  void set_budget(std::uint64_t total);
+  void set_budget(std::uint64_t total) override;
   // Waits until the latest set_budget() has taken effect in every model; false on timeout.
   bool wait_adapted(std::chrono::milliseconds timeout) const;
-  std::uint64_t total_budget() const;
+  std::uint64_t total_budget() const override;
+  std::uint64_t held_bytes() const override;  // the models' budgets in force
+  std::string status_json() const override;
   std::vector<Adaptation> adaptations() const;
   std::vector<ModelStatus> status() const;
   double seconds() const;  // since open
@@ -189,11 +204,11 @@ class SWAPNET_API BudgetSource {
   std::uint64_t reserve_ = 0;
 };
 
-// Polls a BudgetSource every `period` and calls Runtime::set_budget when the value changes by
+// Polls a BudgetSource every `period` and calls set_budget on its target when the value changes by
 // more than `hysteresis` bytes. Errors reading it are logged once per distinct message.
 class SWAPNET_API BudgetWatcher {
  public:
-  BudgetWatcher(Runtime* runtime, BudgetSource source, std::chrono::milliseconds period,
+  BudgetWatcher(BudgetTarget* target, BudgetSource source, std::chrono::milliseconds period,
                 std::uint64_t hysteresis = 1u << 20);
   ~BudgetWatcher();
 
@@ -207,7 +222,7 @@ class SWAPNET_API BudgetWatcher {
 // "status" (one JSON line). `swapnet ctl` is its client.
 class SWAPNET_API ControlServer {
  public:
-  ControlServer(Runtime* runtime, const std::string& path);  // throws Error naming the path
+  ControlServer(BudgetTarget* target, const std::string& path);  // throws Error naming the path
   ~ControlServer();
   const std::string& path() const;
 
