@@ -30,6 +30,34 @@
 //   With SWAPNET_ALLOC_STATS=1, a second line when it is loaded:
 //     swapnet-dispatch: calls=<n> to_cuda=<n> aliased=<n> copied=<n>
 //
+// Transparent swapping (SWAPNET_BUDGET): a model the program loads from a file with
+// torch::jit::load (C++) or torch.jit.load (Python) runs swapped within the budget, its weights
+// never loaded into the program (Note [Transparent swapping] in src/jit_load.cpp; the work is in
+// libswapnet_torch.so, loaded from this library's directory or $SWAPNET_TORCH_LIB):
+//   SWAPNET_BUDGET=SIZE|N%           per model: bytes, "60MiB", or a percentage of its weights +
+//                                    activations. Unset: loads go straight to libtorch.
+//   SWAPNET_INPUT_SHAPE=1,3,224,224  forward's input shape(s), ';' between inputs: the swap image
+//                                    is made on first load (`swapnet pack` in a child process,
+//                                    beside the model if writable, else $SWAPNET_CACHE_DIR or
+//                                    ~/.cache/swapnet; keyed by the file's content, written
+//                                    atomically, reused). An image MODEL-stem.swapnet beside the
+//                                    model, not older than it, is used as is.
+//   SWAPNET_BUDGET_SOURCE=file:PATH|meminfo:RESERVE|cgroup:PATH, SWAPNET_BUDGET_PERIOD_MS,
+//   SWAPNET_CONTROL=PATH|default     the budget at run time, as `swapnet serve` takes it
+//                                    (`swapnet ctl --socket PATH budget 40MiB`); several swapped
+//                                    models share a new total in proportion to their budgets.
+//   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
+//     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
+//                    bytes_read=N inferences=N
+// What the program gets is a module with the model's forward (same arguments, same outputs bit
+// for bit) and nothing else: parameters(), buffers(), named_modules() and state_dict() are empty,
+// other methods of the model are absent, .to(device) and .train() change nothing, and
+// save() writes the wrapper, not the model. Whatever needs the weights must use the model file.
+// Declined and loaded normally, said once on stderr: no image and no SWAPNET_INPUT_SHAPE, a pack
+// that fails, a budget below the model's minimum or one it fits in anyway, a malformed budget,
+// map_location other than the CPU, extra files asked for, a libtorch other than the one swapnet
+// was built with.
+//
 // The functions below let a program (or a test) ask the preloaded library, without linking it:
 // look them up with dlsym(RTLD_DEFAULT, "swapnet_preload_owns") — absent when not preloaded.
 #pragma once
