@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, writes the test models, runs ctest.
+# The test command: installs what is missing, builds, writes the test models, runs ctest, then
+# builds and checks the Debian package (scripts/package.sh; SWAPNET_SKIP_PACKAGE=1 skips it).
 # By default everything except the big paper models (label `model`, ~1.2 GB of files);
 # pass `--all` to include them, or ctest arguments after `--`, e.g. `-- -L zoo`.
 set -euo pipefail
@@ -15,5 +16,5 @@ while [ $# -gt 0 ]; do
 done
 bash "$repo/scripts/build.sh"
 bash "$repo/scripts/models.sh" "${sets[@]}"
-cd "${BUILD_DIR:-$repo/build}"
-ctest --output-on-failure -j "$(nproc)" "${ctest_args[@]}"
+(cd "${BUILD_DIR:-$repo/build}" && ctest --output-on-failure -j "$(nproc)" "${ctest_args[@]}")
+[ -n "${SWAPNET_SKIP_PACKAGE:-}" ] || bash "$repo/scripts/package.sh"
