@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -319,17 +320,34 @@ Models& models() {
 // SWAPNET_BUDGET_SOURCE (file:PATH | meminfo:RESERVE | cgroup:PATH, polled every
 // SWAPNET_BUDGET_PERIOD_MS, default 100) and SWAPNET_CONTROL (a socket path, or "default" for
 // swapnet ctl's default) start with the first swapped model; a bad one is said and ignored.
+// The watcher and the control server are stopped (their threads joined) at exit, before the
+// libraries' static objects are destroyed under them; then the stats lines are printed.
+struct Controls {
+  std::unique_ptr<BudgetWatcher> watcher;
+  std::unique_ptr<ControlServer> control;
+  bool stats = false;
+};
+Controls& controls() {
+  static Controls* c = new Controls;  // never destroyed (see at_exit)
+  return *c;
+}
+void at_exit() {
+  Controls& c = controls();
+  c.watcher.reset();
+  c.control.reset();
+  if (c.stats) models().print();
+}
+
 void start_controls() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (!env("SWAPNET_ALLOC_STATS").empty() && env("SWAPNET_ALLOC_STATS") != "0") {
-      std::atexit([] { models().print(); });
-    }
+    Controls& c = controls();
+    c.stats = !env("SWAPNET_ALLOC_STATS").empty() && env("SWAPNET_ALLOC_STATS") != "0";
     if (const std::string spec = env("SWAPNET_BUDGET_SOURCE"); !spec.empty()) {
       try {
         int ms = 100;
         if (const std::string p = env("SWAPNET_BUDGET_PERIOD_MS"); !p.empty()) ms = std::max(1, std::stoi(p));
-        new BudgetWatcher(&models(), BudgetSource(spec), std::chrono::milliseconds(ms));  // lives until exit
+        c.watcher = std::make_unique<BudgetWatcher>(&models(), BudgetSource(spec), std::chrono::milliseconds(ms));
       } catch (const std::exception& e) {
         say("source", std::string("SWAPNET_BUDGET_SOURCE=") + spec + ": " + e.what() + "; ignored");
       }
@@ -337,11 +355,12 @@ void start_controls() {
     if (std::string path = env("SWAPNET_CONTROL"); !path.empty()) {
       if (path == "default") path = default_control_path();
       try {
-        new ControlServer(&models(), path);  // lives until exit
+        c.control = std::make_unique<ControlServer>(&models(), path);
       } catch (const std::exception& e) {
         say("control", std::string("SWAPNET_CONTROL=") + path + ": " + e.what() + "; ignored");
       }
     }
+    std::atexit(at_exit);
   });
 }
 

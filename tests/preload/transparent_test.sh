@@ -98,6 +98,26 @@ check "a failing pack leaves no file" '! ls "$work"/model.* 2>/dev/null | grep -
 o=$(cxx env LD_PRELOAD="$lib")
 check "without SWAPNET_BUDGET: nothing said, same outputs" '[ "$o" = "$plain_c" ] && [ "$(grep -vc "^vm_hwm_kb" "$err")" -eq 0 ]'
 
+# A model in a directory it cannot write to: the image goes to the cache directory. Needs a
+# read-only mount (root ignores permission bits); said as skipped where it cannot be made.
+ro=$work/ro
+mkdir -p "$ro"
+if mount -t tmpfs -o size=128m tmpfs "$ro" 2>/dev/null; then
+  cp "$work/model.pt" "$ro/model.pt"
+  if mount -o remount,ro "$ro" 2>/dev/null; then
+    out=$("${pre[@]}" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=$shape SWAPNET_CACHE_DIR=$work/cache \
+      "$prog" "$ro/model.pt" $shape 2>"$err")
+    check "read-only model directory: the image made in SWAPNET_CACHE_DIR, outputs identical" \
+      '[ "$out" = "$plain_c" ] && ls "$work"/cache/model.*.swapnet >/dev/null 2>&1 &&
+       grep -q "^swapnet-model: .* image=$work/cache/model\." "$err"' || cat "$err"
+  else
+    echo "skipped: read-only model directory (cannot remount read-only here)"
+  fi
+  umount "$ro"
+else
+  echo "skipped: read-only model directory (cannot mount a tmpfs here: not root)"
+fi
+
 # A changed model gets a new image; an image beside the model (MODEL's stem + .swapnet) is taken.
 cp "$models/mobilenet_v2.pt" "$work/model.pt"
 plain2=$(cxx env)
