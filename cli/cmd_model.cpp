@@ -311,6 +311,24 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
   return worst.equal ? 0 : 1;
 }
 
+int signature(const std::string& model) {
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(model);
+  } catch (const std::exception& e) {
+    throw Error(model + ": not a TorchScript module file (torch::jit::load: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")");
+  }
+  auto method = m.find_method("forward");
+  if (!method) throw Error(model + ": the module has no forward");
+  const c10::FunctionSchema& s = method->function().getSchema();
+  std::vector<c10::Argument> args(s.arguments().begin() + 1, s.arguments().end());  // without self
+  json inputs = json::array();
+  for (const auto& a : args) inputs.push_back({{"name", a.name()}, {"type", a.type()->annotation_str()}});
+  const c10::FunctionSchema without_self(s.name(), s.overload_name(), args, s.returns());
+  std::cout << json{{"model", model}, {"schema", toString(without_self)}, {"inputs", inputs}}.dump() << "\n";
+  return 0;
+}
+
 int pack(const std::string& model, const std::string& out, const Common& c) {
   apply_common(c);
   auto t0 = Clock::now();

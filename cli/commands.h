@@ -42,6 +42,9 @@ bool is_image(const std::string& path);  // starts with the swap image magic
 int inspect(const std::string& path, const Common& c, int iters);
 int verify(const std::string& path, const Common& c, int runs, const std::string& image);
 int pack(const std::string& model, const std::string& out, const Common& c);
+// forward's signature without self, as one JSON line {model, schema, inputs: [{name, type}]}:
+// what transparent swapping needs to stand in for a model it has no image of yet.
+int signature(const std::string& model);
 int check(const std::string& image, const Common& c);
 int info(const Common& c);
 

@@ -1,5 +1,6 @@
 // swapnet — command-line front end.
 //
+//   swapnet signature MODEL.pt                                        forward's signature (JSON)
 //   swapnet inspect MODEL.pt|IMAGE.swapnet [--input-shape S] [--json]  the model info table
 //   swapnet verify  MODEL.pt --input-shape S [--image IMAGE] [--json]  layered == forward, bit for bit
 //   swapnet pack    MODEL.pt -o IMAGE.swapnet --input-shape S           write a swap image
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
   pack->add_option("model", model, "TorchScript file (.pt)")->required();
   pack->add_option("-o,--output", out, "image to write (.swapnet)")->required();
   add_common(pack, common, true, true);
+
+  auto* sig = app.add_subcommand("signature", "forward's signature as JSON (for transparent swapping)");
+  sig->add_option("model", model, "TorchScript file (.pt)")->required();
 
   swapnet::cli::RunOptions ro;
   auto* run = app.add_subcommand("run", "inference from a swap image within a memory budget");
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
     if (*inspect) return swapnet::cli::inspect(model, common, iters < 1 ? 1 : iters);
     if (*verify) return swapnet::cli::verify(model, common, runs < 1 ? 1 : runs, image);
     if (*pack) return swapnet::cli::pack(model, out, common);
+    if (*sig) return swapnet::cli::signature(model);
     if (*check) return swapnet::cli::check(image, common);
     if (*run) return swapnet::cli::run(image, common, ro);
     if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table);

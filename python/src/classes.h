@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,16 @@ struct ExecutorHolder : torch::CustomClassHolder {
   std::uint64_t activation_peak = 0;  // most activation bytes one inference allocated
   std::uint64_t inferences = 0;
 
+  // Transparent swapping of a model with no image yet (transparent.cpp): the first forward
+  // calls `open` with its inputs (it makes the image and says the budget), then runs swapped;
+  // if `open` throws, the model runs through `fallback` (loaded normally) from then on.
+  using Open = std::function<std::string(const std::vector<c10::IValue>& inputs, std::uint64_t* budget)>;
+  using Fallback = std::function<c10::IValue(std::vector<c10::IValue> inputs)>;
+  Open lazy_open;
+  Fallback fallback;
+  std::function<void(ExecutorHolder*)> on_open;  // once swapped
+  ExecutorHolder(Open open, Fallback fb) : lazy_open(std::move(open)), fallback(std::move(fb)) {}
+
   ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options) : image(path) {
     guarded([&] {
       install_cpu_meter();
@@ -64,6 +75,8 @@ struct ExecutorHolder : torch::CustomClassHolder {
   c10::IValue forward(const c10::List<c10::IValue>& inputs) {
     c10::IValue out = guarded([&] {
       std::lock_guard<std::mutex> lock(mu);
+      if (lazy_open) open_lazily(to_inputs(inputs));
+      if (!ex) return fallback(to_inputs(inputs));
       apply_pending();
       // Activations are charged to this executor's account while it runs (as the Runtime does),
       // so that stats can say the most it held: weights at their peak + activations at theirs.
@@ -106,6 +119,23 @@ struct ExecutorHolder : torch::CustomClassHolder {
   std::uint64_t budget() const { return budget_now.load(); }
 
  private:
+  void open_lazily(const std::vector<c10::IValue>& inputs) {
+    Open open = std::move(lazy_open);
+    lazy_open = nullptr;
+    try {
+      std::uint64_t budget = 0;
+      image = open(inputs, &budget);
+      install_cpu_meter();
+      account = new_cpu_account();
+      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), std::string()));
+      budget_now.store(budget);
+      fallback = nullptr;
+      if (on_open) on_open(this);
+    } catch (const std::exception& e) {
+      ex.reset();
+      log(LogLevel::kWarn, std::string(e.what()) + "; running the model as loaded normally");
+    }
+  }
   std::atomic<std::int64_t> pending{-1};
   std::atomic<std::uint64_t> budget_now{0};
   // With `mu` held: adopts a requested budget (a refused one keeps the plan in force, said).
@@ -140,12 +170,14 @@ struct ExecutorHolder : torch::CustomClassHolder {
   }
   std::string plan() {
     std::lock_guard<std::mutex> lock(mu);
+    if (!ex) return json{{"blocks", json::array()}, {"resident", json::array()}}.dump();
     json j = plan_json(ex->plan());
     j["budget"] = ex->plan().total() > 0 ? json(ex->plan().total()) : json(nullptr);
     return j.dump();
   }
   std::string stats() {
     std::lock_guard<std::mutex> lock(mu);
+    if (!ex) return json{{"image", nullptr}, {"inferences", inferences}}.dump();
     const WeightMemory w = ex->weight_memory();
     return json{{"image", image},
                 {"bytes_read", ex->bytes_read()},

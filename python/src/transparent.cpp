@@ -6,17 +6,20 @@
 //   2. STEM.<content hash>.swapnet beside MODEL (if the directory is writable), else in the
 //      cache directory ($SWAPNET_CACHE_DIR, else $XDG_CACHE_HOME/swapnet, else ~/.cache/swapnet):
 //      keyed by the file's content (XXH3-64), so a changed model gets a new image;
-//   3. else, when SWAPNET_INPUT_SHAPE gives forward's input shape(s) (as `swapnet pack
-//      --input-shape`, several separated by ';'), made now by `swapnet pack` in a child process
-//      (the model's weights are read there, not here) into a temporary file renamed into place 2.
+//   3. else made by `swapnet pack` in a child process (the model's weights are read there, not
+//      here) into a temporary file renamed into place 2: now, when SWAPNET_INPUT_SHAPE gives
+//      forward's input shape(s) (as `swapnet pack --input-shape`, several separated by ';'), or
+//      else at the first forward, from its inputs' shapes (lazily(): forward's signature is read
+//      by `swapnet signature` in a child; a model that then cannot be packed is loaded normally
+//      and runs as such).
 // The module returned has the model's forward signature (from the image's skeleton) and one
 // attribute, `_swapnet`, an Executor custom class object (classes.h) holding the image open
 // within the budget; forward calls it: outputs bit-identical to the model's forward.
 //
 // SWAPNET_BUDGET: bytes, text ("60MiB"), or a percentage of the model's full demand (weights +
 // activations, as swapnet.Executor takes it). Declined, each said once on stderr, and loaded
-// normally: a map_location other than the CPU, extra files asked for, no image and no input
-// shape to make one, a failing pack, a budget the model fits in anyway or is below its minimum.
+// normally: a map_location other than the CPU, extra files asked for, a failing pack, a budget
+// the model fits in anyway or is below its minimum.
 // The budget changes at run time through SWAPNET_BUDGET_SOURCE and SWAPNET_CONTROL (Models
 // below), taken at the next block boundary of an inference in progress.
 // SWAPNET_ALLOC_STATS=1 adds one line per swapped model at exit:
@@ -31,6 +34,7 @@
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/custom_class.h>
 
@@ -137,20 +141,16 @@ std::string find_cli() {
   return "swapnet";  // on PATH
 }
 
-// `swapnet pack MODEL -o OUT --input-shape ...` in a child process, into OUT.tmp.PID renamed to
-// OUT; "" on success, else why.
-std::string pack_in_child(const std::string& model, const std::string& out, const std::string& shapes) {
+// Runs the swapnet CLI with `args` in a child process without the preload; its stdout goes to
+// *captured when given, else to stderr (the program's stdout is the program's). "" on success,
+// else why.
+std::string run_cli(std::vector<std::string> args, std::string* captured = nullptr) {
   const std::string cli = find_cli();
-  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
-  std::vector<std::string> args = {cli, "pack", model, "-o", tmp, "--input-shape"};
-  std::stringstream ss(shapes);
-  for (std::string s; std::getline(ss, s, ';');) {
-    if (!s.empty()) args.push_back(s);
-  }
+  args.insert(args.begin(), cli);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The child must not inherit the preload (it would swap the model it packs).
+  // The child must not inherit the preload (it would swap the model it reads).
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) {
     if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "SWAPNET_BUDGET=", 15) != 0) envs.push_back(*e);
@@ -158,21 +158,49 @@ std::string pack_in_child(const std::string& model, const std::string& out, cons
   std::vector<char*> envp;
   for (auto& e : envs) envp.push_back(e.data());
   envp.push_back(nullptr);
-  // Its report goes to stderr: the program's stdout is the program's.
+  int pipefd[2] = {-1, -1};
+  if (captured && ::pipe2(pipefd, O_CLOEXEC) != 0) return "cannot make a pipe: " + errno_name(errno);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, 2, 1);
+  posix_spawn_file_actions_adddup2(&fa, captured ? pipefd[1] : 2, 1);
   pid_t pid = 0;
   int rc = cli.find('/') == std::string::npos ? posix_spawnp(&pid, cli.c_str(), &fa, nullptr, argv.data(), envp.data())
                                                : posix_spawn(&pid, cli.c_str(), &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
+  if (captured) {
+    ::close(pipefd[1]);
+    if (rc == 0) {
+      char buf[4096];
+      ssize_t n = 0;
+      while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+        if (n > 0) captured->append(buf, static_cast<size_t>(n));
+      }
+    }
+    ::close(pipefd[0]);
+  }
   if (rc != 0) return "cannot run " + cli + ": " + errno_name(rc);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (size_t i = 0; i + 1 < argv.size(); ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+    return cmd + " failed (status " + std::to_string(status) + ")";
+  }
+  return "";
+}
+
+// `swapnet pack MODEL -o OUT --input-shape ...` into OUT.tmp.PID, renamed to OUT.
+std::string pack_in_child(const std::string& model, const std::string& out, const std::string& shapes) {
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  std::vector<std::string> args = {"pack", model, "-o", tmp, "--input-shape"};
+  std::stringstream ss(shapes);
+  for (std::string s; std::getline(ss, s, ';');) {
+    if (!s.empty()) args.push_back(s);
+  }
+  if (std::string err = run_cli(args); !err.empty()) {
     ::unlink(tmp.c_str());
-    return cli + " pack " + model + " --input-shape " + shapes + " failed (status " + std::to_string(status) + ")";
+    return err;
   }
   if (::rename(tmp.c_str(), out.c_str()) != 0) {
     const int e = errno;
@@ -182,8 +210,10 @@ std::string pack_in_child(const std::string& model, const std::string& out, cons
   return "";
 }
 
-// The image for `model`, found or made as the file comment says; "" (with *why) when none.
-std::string image_for(const std::string& model, std::string* why) {
+// Where the image for `model` is or goes: an existing image (MODEL-stem.swapnet beside it, not
+// older, or the content-keyed one beside it or in the cache), else `*make_at` says where to
+// make one (beside the model if writable, else the cache). "" and *why on failure.
+std::string find_image(const std::string& model, std::string* make_at, std::string* why) {
   struct stat ms {};
   is_file(model, &ms);
   const std::string dir = dir_of(model), stem = stem_of(model);
@@ -201,24 +231,15 @@ std::string image_for(const std::string& model, std::string* why) {
   const std::string near = dir + "/" + name, cached = cache_dir() + "/" + name;
   if (is_file(near)) return near;
   if (is_file(cached)) return cached;
-  const std::string shapes = env("SWAPNET_INPUT_SHAPE");
-  if (shapes.empty()) {
-    *why = "no swap image for " + model + " (looked for " + dir + "/" + stem + ".swapnet, " + near + ", " + cached +
-           "); set SWAPNET_INPUT_SHAPE=1,3,224,224 (forward's input shape; ';' between inputs) to make one when it "
-           "loads, or run swapnet pack " + model + " -o " + dir + "/" + stem + ".swapnet --input-shape ...";
-    return "";
-  }
-  const std::string out = ::access(dir.c_str(), W_OK) == 0 ? near : cached;
-  if (out == cached && !make_dirs(cache_dir())) {
-    *why = "cannot create the cache directory " + cache_dir();
-    return "";
-  }
+  *make_at = ::access(dir.c_str(), W_OK) == 0 ? near : cached;
+  return "";
+}
+
+// Makes the image at `out` for inputs of these shapes ("" or why).
+std::string make_image(const std::string& model, const std::string& out, const std::string& shapes) {
+  if (dir_of(out) == cache_dir() && !make_dirs(cache_dir())) return "cannot create the cache directory " + cache_dir();
   say("pack:" + model, "making the swap image of " + model + " at " + out + " (once)");
-  if (std::string err = pack_in_child(model, out, shapes); !err.empty()) {
-    *why = err;
-    return "";
-  }
-  return out;
+  return pack_in_child(model, out, shapes);
 }
 
 std::uint64_t parse_budget(const std::string& text, std::uint64_t full) {
@@ -366,15 +387,8 @@ void start_controls() {
 
 // The module handed to the program: forward(self, <the model's inputs>) -> <its output>, which
 // calls self._swapnet.forward([inputs]) and casts the result back to the declared type.
-Module wrapper(std::shared_ptr<CompilationUnit> cu, const std::string& model, const ImageInfo& info,
-               const c10::intrusive_ptr<ExecutorHolder>& holder) {
-  std::istringstream is(info.skeleton);
-  Module skeleton = torch::jit::load(is);  // weightless; its forward takes the inputs, then every tensor
-  const c10::FunctionSchema& schema = skeleton.get_method("forward").function().getSchema();
-  const size_t n = info.num_inputs;
-  if (schema.arguments().size() < 1 + n || schema.returns().size() != 1) {
-    throw Error(model + ": the image's skeleton does not have forward's signature");
-  }
+Module wrapper(std::shared_ptr<CompilationUnit> cu, const std::string& model, const std::vector<c10::Argument>& inputs,
+               const c10::TypePtr& returns, const c10::intrusive_ptr<ExecutorHolder>& holder) {
   if (!cu) cu = std::make_shared<CompilationUnit>();
   std::string name;
   for (char c : stem_of(model)) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -385,25 +399,108 @@ Module wrapper(std::shared_ptr<CompilationUnit> cu, const std::string& model, co
   auto g = std::make_shared<torch::jit::Graph>();
   torch::jit::Value* self = g->addInput("self")->setType(m.type());
   std::vector<torch::jit::Value*> args;
-  for (size_t i = 1; i <= n; ++i) {
-    const c10::Argument& a = schema.arguments()[i];
-    args.push_back(g->addInput(a.name())->setType(a.type()));
-  }
+  for (const c10::Argument& a : inputs) args.push_back(g->addInput(a.name())->setType(a.type()));
   torch::jit::Value* obj = g->insertGetAttr(self, "_swapnet");
   torch::jit::Value* list = g->insertNode(g->createList(c10::AnyType::get(), args))->output();
   torch::jit::Node* call = g->insertNode(g->create(c10::prim::CallMethod, {obj, list}, 1));
   call->s_(c10::attr::name, "forward");
   call->output()->setType(c10::AnyType::get());
-  torch::jit::Value* out = g->insertUncheckedCast(call->output(), schema.returns()[0].type());
+  torch::jit::Value* out = g->insertUncheckedCast(call->output(), returns);
   g->registerOutput(out);
   auto* fn = cu->create_function(c10::QualifiedName(*m.type()->name(), "forward"), g);
   m.type()->addMethod(fn);
   return m;
 }
 
+// forward's inputs (without self) and output type, from the image's weightless skeleton.
+void signature_of_image(const std::string& model, const ImageInfo& info, std::vector<c10::Argument>* inputs,
+                        c10::TypePtr* returns) {
+  std::istringstream is(info.skeleton);
+  Module skeleton = torch::jit::load(is);  // its forward takes the inputs, then every tensor
+  const c10::FunctionSchema& schema = skeleton.get_method("forward").function().getSchema();
+  const size_t n = info.num_inputs;
+  if (schema.arguments().size() < 1 + n || schema.returns().size() != 1) {
+    throw Error(model + ": the image's skeleton does not have forward's signature");
+  }
+  inputs->assign(schema.arguments().begin() + 1, schema.arguments().begin() + 1 + static_cast<std::ptrdiff_t>(n));
+  *returns = schema.returns()[0].type();
+}
+
+// The same, from the model file, read by `swapnet signature` in a child process.
+void signature_of_model(const std::string& model, std::vector<c10::Argument>* inputs, c10::TypePtr* returns) {
+  std::string text;
+  if (std::string err = run_cli({"signature", model}, &text); !err.empty()) throw Error(err);
+  const c10::FunctionSchema schema = torch::jit::parseSchema(json::parse(text).at("schema").get<std::string>());
+  if (schema.returns().size() != 1) throw Error(model + ": forward returns " + std::to_string(schema.returns().size()) + " values");
+  *inputs = schema.arguments();
+  *returns = schema.returns()[0].type();
+}
+
+// Forward's tensor inputs as `swapnet pack --input-shape` values, ';' between inputs.
+std::string shapes_of(const std::string& model, const std::vector<c10::IValue>& inputs) {
+  std::string out;
+  for (const auto& v : inputs) {
+    if (!v.isTensor()) throw Error(model + ": forward's inputs are not all tensors (" + v.tagKind() + "): cannot make its image");
+    if (!out.empty()) out += ";";
+    const auto sizes = v.toTensor().sizes();
+    for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
+  }
+  return out;
+}
+
+void register_swapped(const std::string& model, const std::string& image, ExecutorHolder* holder) {
+  models().add(Swapped{model, image, c10::intrusive_ptr<ExecutorHolder>::unsafe_reclaim_from_nonowning(holder)});
+  start_controls();
+}
+
+// How the model is loaded normally: the interposed libtorch function.
+struct Real {
+  void* fn = nullptr;
+  int kind = 0;
+  c10::optional<c10::Device> device;
+  Module load(const std::string& file) const;
+};
+
+// No image yet and no SWAPNET_INPUT_SHAPE: a module with the model's forward (its signature read
+// by a child process) whose first call makes the image from its inputs' shapes, then runs
+// swapped; if that fails, the model is loaded normally then and runs as such (said).
+c10::optional<Module> lazily(std::shared_ptr<CompilationUnit> cu, const std::string& model, const std::string& out,
+                             const std::string& spec, const Real& real) {
+  const std::string key = "transparent:" + model;
+  (void)parse_budget(spec, 1 << 30);  // a malformed budget is refused now, not at the first call
+  std::vector<c10::Argument> inputs;
+  c10::TypePtr returns;
+  try {
+    signature_of_model(model, &inputs, &returns);
+  } catch (const std::exception& e) {
+    say(key, std::string(e.what()) + "; " + model + " loaded normally");
+    return c10::nullopt;
+  }
+  say(key, "no swap image for " + model + " yet: it is made at " + out + " when forward is first called (from " +
+               "its inputs' shapes; SWAPNET_INPUT_SHAPE makes it when the model loads)");
+  auto open = [model, out, spec](const std::vector<c10::IValue>& in, std::uint64_t* budget) {
+    if (!is_file(out)) {
+      if (std::string err = make_image(model, out, shapes_of(model, in)); !err.empty()) throw Error(err);
+    }
+    ImageInfo info;
+    read_image_info(out, &info).throw_if_error();
+    const std::uint64_t full = info.data_size + info.activation_bytes;
+    *budget = std::min(parse_budget(spec, full), full);
+    return out;
+  };
+  auto loaded = std::make_shared<c10::optional<Module>>();
+  auto fallback = [model, real, loaded](std::vector<c10::IValue> in) {
+    if (!loaded->has_value()) *loaded = real.load(model);
+    return (**loaded).forward(std::move(in));
+  };
+  auto holder = c10::make_intrusive<ExecutorHolder>(open, fallback);
+  holder->on_open = [model](ExecutorHolder* h) { register_swapped(model, h->image, h); };
+  return wrapper(std::move(cu), model, inputs, returns, holder);
+}
+
 // Returns the swapped module, or (declined, said once) nothing.
 c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::string& model,
-                               c10::optional<c10::Device> device, ExtraFilesMap* extra) {
+                               c10::optional<c10::Device> device, ExtraFilesMap* extra, const Real& real) {
   notices_on();
   const std::string key = "transparent:" + model;
   if (device && !device->is_cpu()) {
@@ -415,18 +512,29 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
     return c10::nullopt;
   }
   if (!is_file(model)) return c10::nullopt;  // libtorch says what is wrong
-  std::string why;
-  const std::string image = image_for(model, &why);
-  if (image.empty()) {
+  const std::string spec = env("SWAPNET_BUDGET");
+  std::string why, make_at;
+  std::string image = find_image(model, &make_at, &why);
+  if (image.empty() && make_at.empty()) {
     say(key, why + "; loaded normally");
     return c10::nullopt;
+  }
+  if (image.empty()) {
+    if (const std::string shapes = env("SWAPNET_INPUT_SHAPE"); !shapes.empty()) {
+      if (std::string err = make_image(model, make_at, shapes); !err.empty()) {
+        say(key, err + "; " + model + " loaded normally");
+        return c10::nullopt;
+      }
+      image = make_at;
+    } else {
+      return lazily(std::move(cu), model, make_at, spec, real);
+    }
   }
   ImageInfo info;
   if (Status s = read_image_info(image, &info); !s.ok()) {
     say(key, s.message() + "; " + model + " loaded normally");
     return c10::nullopt;
   }
-  const std::string spec = env("SWAPNET_BUDGET");
   const std::uint64_t full = info.data_size + info.activation_bytes;
   const std::uint64_t budget = parse_budget(spec, full);
   if (budget >= full) {
@@ -441,14 +549,39 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
     say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
     return c10::nullopt;
   }
-  Module m = wrapper(std::move(cu), model, info, holder);
+  std::vector<c10::Argument> inputs;
+  c10::TypePtr returns;
+  signature_of_image(model, info, &inputs, &returns);
+  Module m = wrapper(std::move(cu), model, inputs, returns, holder);
   log(LogLevel::kInfo, model + " runs swapped from " + image + " within " + format_bytes(budget));
-  models().add(Swapped{model, image, holder});
-  start_controls();
+  register_swapped(model, image, holder.get());
   return m;
 }
 
 enum Kind : int { kLoad3 = 0, kLoad2 = 1, kImport4 = 2 };
+
+// Set while Real::load runs: libtorch's two-argument load calls the three-argument one through
+// the preload again, which must then go straight to libtorch.
+thread_local bool loading_real = false;
+
+Module Real::load(const std::string& file) const {
+  struct Flag {
+    bool was = loading_real;
+    Flag() { loading_real = true; }
+    ~Flag() { loading_real = was; }
+  } flag;
+  ExtraFilesMap none;
+  switch (kind) {
+    case kLoad3:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(fn)(file, device,
+                                                                                                         none);
+    case kLoad2:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(fn)(file, device);
+    default:
+      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
+                                         ExtraFilesMap&)>(fn)(std::make_shared<CompilationUnit>(), file, device, none);
+  }
+}
 
 }  // namespace
 }  // namespace swapnet
@@ -459,20 +592,23 @@ extern "C" __attribute__((visibility("default"))) torch::jit::Module swapnet_tra
     void* real, int kind, std::shared_ptr<torch::jit::CompilationUnit> cu, const std::string& file,
     c10::optional<c10::Device> device, torch::jit::ExtraFilesMap* extra) {
   using namespace swapnet;
+  const Real r{real, kind, device};
   try {
-    if (auto m = try_swap(cu, file, device, extra)) return *m;
+    if (loading_real) {
+      // a load made by Real::load: libtorch's own
+    } else if (auto m = try_swap(cu, file, device, extra, r)) {
+      return *m;
+    }
   } catch (const std::exception& e) {
     say("transparent:" + file, file + ": " + e.what() + "; loaded normally");
   }
-  switch (kind) {
-    case kLoad3:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(real)(
-          file, device, *extra);
-    case kLoad2:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(real)(file, device);
-    default:
-      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&,
-                                         c10::optional<c10::Device>, ExtraFilesMap&)>(real)(std::move(cu), file,
-                                                                                             device, *extra);
+  if (kind == kImport4) {
+    return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
+                                       ExtraFilesMap&)>(real)(std::move(cu), file, device, *extra);
   }
+  if (kind == kLoad3) {
+    return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(real)(file, device,
+                                                                                                           *extra);
+  }
+  return r.load(file);
 }

@@ -92,9 +92,22 @@ declined "budget below the minimum" "is below the minimum" SWAPNET_BUDGET=1MiB
 declined "malformed budget" "SWAPNET_BUDGET='lots'" SWAPNET_BUDGET=lots
 declined "a budget the model fits in" "fits in SWAPNET_BUDGET=100%" SWAPNET_BUDGET=100%
 rm -f "$work"/model.*.swapnet
-declined "no image and no input shape" "no swap image for $work/model.pt" SWAPNET_BUDGET=35%
-declined "a failing pack" "pack $work/model.pt --input-shape 1,3 failed" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=1,3
+declined "a failing pack" "pack $work/model.pt -o .* --input-shape 1,3 failed" SWAPNET_BUDGET=35% SWAPNET_INPUT_SHAPE=1,3
 check "a failing pack leaves no file" '! ls "$work"/model.* 2>/dev/null | grep -v "model.pt$" | grep -q .'
+# No image and no SWAPNET_INPUT_SHAPE: made from the inputs of the first forward (Python here).
+out=$(pyr "${pre[@]}" SWAPNET_BUDGET=35%)
+check "no image, no input shape: made at the first forward, outputs identical, swapped" \
+  '[ "$out" = "$plain_p" ] && grep -q "made at .* when forward is first called" "$err" &&
+   [ "$(grep -c "making the swap image" "$err")" -eq 1 ] && grep -q "^swapnet-model: .*inferences=2" "$err"' || cat "$err"
+rm -f "$work"/model.*.swapnet
+# ... and a model that cannot be swapped (forward assigns an attribute): found out at the first
+# forward, it then runs as loaded normally, said once, same outputs.
+cp "$models/bad_stateful.pt" "$work/stateful.pt"
+bad_plain=$("$prog" "$work/stateful.pt" 1,4 5 2>/dev/null)
+bad=$("${pre[@]}" SWAPNET_BUDGET=10% "$prog" "$work/stateful.pt" 1,4 5 2>"$err")
+check "a model that cannot be packed: runs as loaded normally from its first forward, said once, same outputs" \
+  '[ -n "$bad_plain" ] && [ "$bad" = "$bad_plain" ] && [ "$(grep -c "running the model as loaded normally" "$err")" -eq 1 ] &&
+   ! grep -q "^swapnet-model:" "$err" && ! ls "$work"/stateful.*.swapnet* >/dev/null 2>&1' || cat "$err"
 o=$(cxx env LD_PRELOAD="$lib")
 check "without SWAPNET_BUDGET: nothing said, same outputs" '[ "$o" = "$plain_c" ] && [ "$(grep -vc "^vm_hwm_kb" "$err")" -eq 0 ]'
 

@@ -36,12 +36,13 @@
 // libswapnet_torch.so, loaded from this library's directory or $SWAPNET_TORCH_LIB):
 //   SWAPNET_BUDGET=SIZE|N%           per model: bytes, "60MiB", or a percentage of its weights +
 //                                    activations. Unset: loads go straight to libtorch.
-//   SWAPNET_INPUT_SHAPE=1,3,224,224  forward's input shape(s), ';' between inputs: the swap image
-//                                    is made on first load (`swapnet pack` in a child process,
-//                                    beside the model if writable, else $SWAPNET_CACHE_DIR or
-//                                    ~/.cache/swapnet; keyed by the file's content, written
-//                                    atomically, reused). An image MODEL-stem.swapnet beside the
-//                                    model, not older than it, is used as is.
+//   The swap image is made once (`swapnet pack` in a child process: the weights are read there),
+//   beside the model if writable, else in $SWAPNET_CACHE_DIR or ~/.cache/swapnet, keyed by the
+//   file's content, written atomically, reused; an image MODEL-stem.swapnet beside the model,
+//   not older than it, is used as is. It is made when the model loads if
+//   SWAPNET_INPUT_SHAPE=1,3,224,224  gives forward's input shape(s) (';' between inputs), else at
+//                                    the first forward, from its inputs' shapes (forward's
+//                                    signature is read by `swapnet signature` in a child).
 //   SWAPNET_BUDGET_SOURCE=file:PATH|meminfo:RESERVE|cgroup:PATH, SWAPNET_BUDGET_PERIOD_MS,
 //   SWAPNET_CONTROL=PATH|default     the budget at run time, as `swapnet serve` takes it
 //                                    (`swapnet ctl --socket PATH budget 40MiB`); several swapped
@@ -53,10 +54,10 @@
 // for bit) and nothing else: parameters(), buffers(), named_modules() and state_dict() are empty,
 // other methods of the model are absent, .to(device) and .train() change nothing, and
 // save() writes the wrapper, not the model. Whatever needs the weights must use the model file.
-// Declined and loaded normally, said once on stderr: no image and no SWAPNET_INPUT_SHAPE, a pack
-// that fails, a budget below the model's minimum or one it fits in anyway, a malformed budget,
-// map_location other than the CPU, extra files asked for, a libtorch other than the one swapnet
-// was built with.
+// Declined and loaded normally, said once on stderr: a pack that fails (at the first forward:
+// the model is then loaded normally and runs as such), a budget below the model's minimum or
+// one it fits in anyway, a malformed budget, map_location other than the CPU, extra files asked
+// for, a libtorch other than the one swapnet was built with.
 //
 // The functions below let a program (or a test) ask the preloaded library, without linking it:
 // look them up with dlsym(RTLD_DEFAULT, "swapnet_preload_owns") — absent when not preloaded.
