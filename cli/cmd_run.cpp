@@ -107,6 +107,11 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
                           std::vector<c10::IValue> inputs, std::uint64_t* bytes_read) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  // No kernel read-ahead: the paper's naive path reads a block, then runs it. With read-ahead
+  // (8 MiB on this VM's disk) the kernel went on reading the next blocks while naive computed,
+  // pages still in flight survived the DONTNEED below, and naive read part of the model from
+  // memory the budget does not have (yolov3 at 400 MB/s: a median below the I/O bound).
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   Skeleton::Run run = sk.begin(std::move(inputs));
   for (const auto& [first, last] : plan.blocks) {
     const std::uint64_t off = info.layers[first].offset;
