@@ -204,32 +204,19 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   eo.blocks = o.blocks;
   for (const auto& p : split(o.partition, ',')) eo.partition.push_back(std::stoi(p));
   for (const auto& r : split(o.resident, ',')) eo.resident.push_back(std::stoi(r));
-  if (o.plan == "auto" || o.plan == "optimal") {
-    eo.planner = ExecutorOptions::Planner::kOptimal;
-    eo.residency = o.plan == "auto";
-  } else if (o.plan == "equal") {
-    eo.planner = ExecutorOptions::Planner::kEqual;
-  } else {
-    throw Error("--plan '" + o.plan + "' is not one of auto|optimal|equal");
-  }
+  set_executor_option(&eo, "--plan", o.plan);
   // The device profile plans (auto, optimal) and predicts (every plan) swapped runs.
   if (o.mode != "direct" && !o.budget.empty()) use_profile(device_profile(path, c, o.profile), &eo);
   if (!eo.resident.empty() && eo.partition.empty() && eo.blocks == 0) {
     throw Error("--resident needs --partition or --blocks (the blocks it numbers)");
   }
-  if (o.read_ahead == "ring") eo.read_ahead = ReadAhead::kRing;
-  else if (o.read_ahead == "paper") eo.read_ahead = ReadAhead::kPaper;
-  else throw Error("--read-ahead '" + o.read_ahead + "' is not one of ring|paper");
-  if (o.verify == "first") eo.verify = ExecutorOptions::Verify::kFirst;
-  else if (o.verify == "always") eo.verify = ExecutorOptions::Verify::kAlways;
-  else if (o.verify == "never") eo.verify = ExecutorOptions::Verify::kNever;
-  else throw Error("--verify '" + o.verify + "' is not one of first|always|never");
+  set_executor_option(&eo, "--read-ahead", o.read_ahead);
+  set_executor_option(&eo, "--verify", o.verify);
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
   if (o.mode == "direct") eo.budget = UINT64_MAX / 4;
-  if (o.device != "cpu" && o.device != "cuda") throw Error("--device '" + o.device + "' is not one of cpu|cuda");
-  const bool cuda = o.device == "cuda";
+  set_executor_option(&eo, "--device", o.device);
+  const bool cuda = eo.device == ExecutorOptions::Device::kCUDA;
   if (cuda) {
-    eo.device = ExecutorOptions::Device::kCUDA;
     if (o.mode == "naive") throw Error("--mode naive runs on the CPU only (it is the paper's CPU baseline)");
     require_cuda(path);  // before the inputs move, so the message is ours and not PyTorch's
     for (auto& v : inputs) {

@@ -369,6 +369,50 @@ ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& optio
 
 // ---- the executor -------------------------------------------------------------------------
 
+void set_executor_option(ExecutorOptions* o, const std::string& name, const std::string& value) {
+  std::string key = name.substr(name.find_first_not_of('-') == std::string::npos ? name.size() : name.find_first_not_of('-'));
+  std::replace(key.begin(), key.end(), '-', '_');
+  auto refuse = [&](const char* choices) { throw Error(name + " '" + value + "' is not one of " + choices); };
+  if (key == "plan") {
+    if (value == "auto" || value == "optimal") {
+      o->planner = ExecutorOptions::Planner::kOptimal;
+      o->residency = value == "auto";
+    } else if (value == "equal") {
+      o->planner = ExecutorOptions::Planner::kEqual;
+    } else {
+      refuse("auto|optimal|equal");
+    }
+  } else if (key == "read_ahead") {
+    if (value == "ring") {
+      o->read_ahead = ReadAhead::kRing;
+    } else if (value == "paper") {
+      o->read_ahead = ReadAhead::kPaper;
+    } else {
+      refuse("ring|paper");
+    }
+  } else if (key == "verify") {
+    if (value == "first") {
+      o->verify = ExecutorOptions::Verify::kFirst;
+    } else if (value == "always") {
+      o->verify = ExecutorOptions::Verify::kAlways;
+    } else if (value == "never") {
+      o->verify = ExecutorOptions::Verify::kNever;
+    } else {
+      refuse("first|always|never");
+    }
+  } else if (key == "device") {
+    if (value == "cpu") {
+      o->device = ExecutorOptions::Device::kCPU;
+    } else if (value == "cuda") {
+      o->device = ExecutorOptions::Device::kCUDA;
+    } else {
+      refuse("cpu|cuda");
+    }
+  } else {
+    throw Error("unknown executor option '" + name + "' (plan, read-ahead, verify, device)");
+  }
+}
+
 void require_cuda(const std::string& origin) {
   if (!at::hasCUDA()) {
     throw Error(origin + ": --device cuda: this libtorch has no CUDA support (a CPU-only build); swapnet must be "

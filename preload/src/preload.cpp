@@ -234,7 +234,8 @@ void load_dispatch(State& s) {
   s.dispatch_lib = load_torch_library("SWAPNET_DISPATCH_LIB", "libswapnet_dispatch.so", "copy-free .to(cuda)");
 }
 
-// c10's own alloc_cpu / free_cpu in the object that defines them. A program linked with libtorch
+// The definition of a libtorch symbol (c10's alloc_cpu / free_cpu, torch::jit's load functions)
+// in the object that defines it. A program linked with libtorch
 // has libc10 in the global scope, where dlsym(RTLD_NEXT) finds it. A program that loads libtorch
 // late (Python's torch, a plug-in) dlopens libc10 with RTLD_LOCAL: it is not in the global scope,
 // RTLD_NEXT finds nothing, yet libc10's calls still reach this library (its symbols come first).
@@ -242,7 +243,7 @@ void load_dispatch(State& s) {
 // and its dependencies, never the preloaded libraries), and the definition taken only from the
 // object it lies in. Objects are listed first and opened after: dlopen inside dl_iterate_phdr
 // would take the loader's lock twice.
-void* find_c10(const char* symbol) {
+void* find_definition(const char* symbol) {
   if (void* f = dlsym(RTLD_NEXT, symbol)) return f;
   Dl_info self{};
   dladdr(reinterpret_cast<void*>(&load_torch_library), &self);
@@ -276,8 +277,8 @@ void resolve_real(State& s) {
   if (s.real_alloc.load(std::memory_order_acquire) != nullptr) return;
   std::lock_guard<std::mutex> lock(s.resolve_mu);
   if (s.real_alloc.load(std::memory_order_relaxed) != nullptr) return;
-  auto* f = reinterpret_cast<void (*)(void*)>(find_c10("_ZN3c108free_cpuEPv"));
-  auto* a = reinterpret_cast<void* (*)(size_t)>(find_c10("_ZN3c109alloc_cpuEm"));
+  auto* f = reinterpret_cast<void (*)(void*)>(find_definition("_ZN3c108free_cpuEPv"));
+  auto* a = reinterpret_cast<void* (*)(size_t)>(find_definition("_ZN3c109alloc_cpuEm"));
   if (a == nullptr || f == nullptr) return;
   s.real_free.store(f, std::memory_order_release);
   s.real_alloc.store(a, std::memory_order_release);
@@ -374,7 +375,7 @@ void note_alloc(State& s, size_t n) {
 }  // namespace
 
 namespace swapnet_preload {
-void* find_real(const char* symbol) { return find_c10(symbol); }
+void* find_real(const char* symbol) { return find_definition(symbol); }
 void* load_torch_helper() {
   static void* h = load_torch_library("SWAPNET_TORCH_LIB", "libswapnet_torch.so", "transparent swapping (SWAPNET_BUDGET)");
   return h;

@@ -34,6 +34,21 @@ inline std::vector<c10::IValue> to_inputs(const c10::List<c10::IValue>& list) {
   return v;
 }
 
+// Inputs' shapes as text, `sep` between inputs ("1,3,224,224 1,10"); a non-tensor by its kind.
+inline std::string shape_text(const std::vector<c10::IValue>& inputs, char sep = ' ') {
+  std::string out;
+  for (const auto& v : inputs) {
+    if (!out.empty()) out += sep;
+    if (!v.isTensor()) {
+      out += v.tagKind();
+      continue;
+    }
+    const auto sizes = v.toTensor().sizes();
+    for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
+  }
+  return out;
+}
+
 // Runs `f`, turning any exception into std::runtime_error (what torch passes to Python).
 template <typename F>
 auto guarded(F&& f) -> decltype(f()) {
@@ -174,6 +189,22 @@ struct ExecutorHolder : torch::CustomClassHolder {
     json j = plan_json(ex->plan());
     j["budget"] = ex->plan().total() > 0 ? json(ex->plan().total()) : json(nullptr);
     return j.dump();
+  }
+  // What the transparent models report (status, stats lines); 0s before the executor opens.
+  struct Summary {
+    std::uint64_t bytes_read = 0, peak_model_bytes = 0, inferences = 0;
+    std::size_t blocks = 0, resident_blocks = 0;
+  };
+  Summary summary() {
+    std::lock_guard<std::mutex> lock(mu);
+    Summary r;
+    r.inferences = inferences;
+    if (!ex) return r;
+    r.bytes_read = ex->bytes_read();
+    r.peak_model_bytes = ex->weight_memory().peak + activation_peak;
+    r.blocks = ex->plan().blocks.size();
+    for (char c : ex->plan().resident) r.resident_blocks += c != 0;
+    return r;
   }
   std::string stats() {
     std::lock_guard<std::mutex> lock(mu);

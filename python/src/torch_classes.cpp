@@ -32,20 +32,6 @@
 namespace swapnet {
 namespace {
 
-std::string shape_text(const std::vector<c10::IValue>& inputs) {
-  std::string out;
-  for (const auto& v : inputs) {
-    if (!out.empty()) out += " ";
-    if (!v.isTensor()) {
-      out += v.tagKind();
-      continue;
-    }
-    const auto sizes = v.toTensor().sizes();
-    for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
-  }
-  return out;
-}
-
 std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
   return guarded([&] {
     Skeleton sk = Skeleton::load(model);
@@ -98,38 +84,12 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
   const json o = text.empty() ? json::object() : json::parse(text);
   ExecutorOptions eo;
   eo.budget = static_cast<std::uint64_t>(budget);
-  const std::string plan = o.value("plan", "auto");
-  if (plan == "auto" || plan == "optimal") {
-    eo.planner = ExecutorOptions::Planner::kOptimal;
-    eo.residency = plan == "auto";
-  } else if (plan == "equal") {
-    eo.planner = ExecutorOptions::Planner::kEqual;
-  } else {
-    throw Error(image + ": plan '" + plan + "' is not one of auto|optimal|equal");
-  }
-  const std::string ra = o.value("read_ahead", "ring");
-  if (ra == "ring") {
-    eo.read_ahead = ReadAhead::kRing;
-  } else if (ra == "paper") {
-    eo.read_ahead = ReadAhead::kPaper;
-  } else {
-    throw Error(image + ": read_ahead '" + ra + "' is not one of ring|paper");
-  }
-  const std::string verify = o.value("verify", "first");
-  if (verify == "first") {
-    eo.verify = ExecutorOptions::Verify::kFirst;
-  } else if (verify == "always") {
-    eo.verify = ExecutorOptions::Verify::kAlways;
-  } else if (verify == "never") {
-    eo.verify = ExecutorOptions::Verify::kNever;
-  } else {
-    throw Error(image + ": verify '" + verify + "' is not one of first|always|never");
-  }
-  const std::string device = o.value("device", "cpu");
-  if (device == "cuda") {
-    eo.device = ExecutorOptions::Device::kCUDA;
-  } else if (device != "cpu") {
-    throw Error(image + ": device '" + device + "' is not one of cpu|cuda");
+  try {
+    for (const char* key : {"plan", "read_ahead", "verify", "device"}) {
+      if (o.contains(key)) set_executor_option(&eo, key, o[key].get<std::string>());
+    }
+  } catch (const Error& e) {
+    throw Error(image + ": " + e.what());
   }
   // The device profile plans the blocks when there is one for this machine; else the default
   // cost model (said once: `swapnet profile IMAGE` measures one).

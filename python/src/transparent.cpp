@@ -292,16 +292,15 @@ class Models final : public BudgetTarget {
     j["total_budget_bytes"] = total_locked();
     j["models"] = json::array();
     for (const Swapped& s : list_) {
-      const json pl = json::parse(s.holder->plan());
-      const json st = json::parse(s.holder->stats());
+      const ExecutorHolder::Summary m = s.holder->summary();
       j["models"].push_back({{"name", s.model},
                              {"image", s.image},
                              {"budget_bytes", s.holder->budget()},
                              {"paused", false},
-                             {"blocks", pl["blocks"].size()},
-                             {"requests", st["inferences"]},
-                             {"peak_model_bytes", st["peak_model_bytes"]},
-                             {"bytes_read", st["bytes_read"]}});
+                             {"blocks", m.blocks},
+                             {"requests", m.inferences},
+                             {"peak_model_bytes", m.peak_model_bytes},
+                             {"bytes_read", m.bytes_read}});
     }
     return j.dump();
   }
@@ -309,16 +308,13 @@ class Models final : public BudgetTarget {
   void print() const {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Swapped& s : list_) {
-      const json st = json::parse(s.holder->stats());
-      const json pl = json::parse(s.holder->plan());
-      int resident = 0;
-      for (const auto& r : pl["resident"]) resident += r.get<int>();
+      const ExecutorHolder::Summary m = s.holder->summary();
       std::fprintf(stderr,
-                   "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%d peak_model_bytes=%llu "
+                   "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%zu peak_model_bytes=%llu "
                    "bytes_read=%llu inferences=%llu\n",
-                   s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.holder->budget()),
-                   pl["blocks"].size(), resident, st["peak_model_bytes"].get<unsigned long long>(),
-                   st["bytes_read"].get<unsigned long long>(), st["inferences"].get<unsigned long long>());
+                   s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.holder->budget()), m.blocks,
+                   m.resident_blocks, static_cast<unsigned long long>(m.peak_model_bytes),
+                   static_cast<unsigned long long>(m.bytes_read), static_cast<unsigned long long>(m.inferences));
     }
   }
 
@@ -438,14 +434,10 @@ void signature_of_model(const std::string& model, std::vector<c10::Argument>* in
 
 // Forward's tensor inputs as `swapnet pack --input-shape` values, ';' between inputs.
 std::string shapes_of(const std::string& model, const std::vector<c10::IValue>& inputs) {
-  std::string out;
   for (const auto& v : inputs) {
     if (!v.isTensor()) throw Error(model + ": forward's inputs are not all tensors (" + v.tagKind() + "): cannot make its image");
-    if (!out.empty()) out += ";";
-    const auto sizes = v.toTensor().sizes();
-    for (size_t d = 0; d < sizes.size(); ++d) out += (d ? "," : "") + std::to_string(sizes[d]);
   }
-  return out;
+  return shape_text(inputs, ';');
 }
 
 void register_swapped(const std::string& model, const std::string& image, ExecutorHolder* holder) {
@@ -453,11 +445,14 @@ void register_swapped(const std::string& model, const std::string& image, Execut
   start_controls();
 }
 
-// How the model is loaded normally: the interposed libtorch function.
+// How the model is loaded normally: the interposed libtorch function, of the form `kind` names.
 struct Real {
   void* fn = nullptr;
   int kind = 0;
   c10::optional<c10::Device> device;
+  // The call the program made (its compilation unit and extra files, either may be absent).
+  Module call(std::shared_ptr<CompilationUnit> cu, const std::string& file, ExtraFilesMap* extra) const;
+  // A load of our own (the fallback of a model that cannot be swapped).
   Module load(const std::string& file) const;
 };
 
@@ -564,23 +559,29 @@ enum Kind : int { kLoad3 = 0, kLoad2 = 1, kImport4 = 2 };
 // the preload again, which must then go straight to libtorch.
 thread_local bool loading_real = false;
 
+Module Real::call(std::shared_ptr<CompilationUnit> cu, const std::string& file, ExtraFilesMap* extra) const {
+  ExtraFilesMap none;
+  ExtraFilesMap& files = extra ? *extra : none;
+  switch (kind) {
+    case kLoad3:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(fn)(file, device,
+                                                                                                         files);
+    case kLoad2:
+      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(fn)(file, device);
+    default:
+      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
+                                         ExtraFilesMap&)>(fn)(cu ? std::move(cu) : std::make_shared<CompilationUnit>(),
+                                                              file, device, files);
+  }
+}
+
 Module Real::load(const std::string& file) const {
   struct Flag {
     bool was = loading_real;
     Flag() { loading_real = true; }
     ~Flag() { loading_real = was; }
   } flag;
-  ExtraFilesMap none;
-  switch (kind) {
-    case kLoad3:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(fn)(file, device,
-                                                                                                         none);
-    case kLoad2:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(fn)(file, device);
-    default:
-      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
-                                         ExtraFilesMap&)>(fn)(std::make_shared<CompilationUnit>(), file, device, none);
-  }
+  return call(nullptr, file, nullptr);
 }
 
 }  // namespace
@@ -602,13 +603,5 @@ extern "C" __attribute__((visibility("default"))) torch::jit::Module swapnet_tra
   } catch (const std::exception& e) {
     say("transparent:" + file, file + ": " + e.what() + "; loaded normally");
   }
-  if (kind == kImport4) {
-    return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
-                                       ExtraFilesMap&)>(real)(std::move(cu), file, device, *extra);
-  }
-  if (kind == kLoad3) {
-    return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(real)(file, device,
-                                                                                                           *extra);
-  }
-  return r.load(file);
+  return r.call(std::move(cu), file, extra);
 }

@@ -95,10 +95,6 @@ def _message(e):
     return text.splitlines()[0] if text else "swapnet: unknown error"
 
 
-def _inputs(args):
-    return list(args)
-
-
 def pack(model, image, example_inputs):
     """Writes the swap image of `model` (a TorchScript file, or a scripted / traced module) to
     `image`, cut into layers and profiled with `example_inputs` (a list of forward's arguments).
@@ -156,7 +152,7 @@ class Executor:
         self._budget = b
 
     def __call__(self, *inputs):
-        return _call(self._ex.forward, _inputs(inputs))
+        return _call(self._ex.forward, list(inputs))
 
     forward = __call__
 
@@ -206,7 +202,7 @@ class Runtime:
     def __call__(self, model, *inputs):
         if model not in self.names:
             raise KeyError("swapnet.Runtime: no model named %r (models: %s)" % (model, ", ".join(self.names)))
-        return _call(self._rt.forward, model, _inputs(inputs))
+        return _call(self._rt.forward, model, list(inputs))
 
     @property
     def budget(self):

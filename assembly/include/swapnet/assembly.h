@@ -224,6 +224,12 @@ struct ExecutorOptions {
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
 SWAPNET_API std::uint64_t default_grid_step(const ImageInfo& info);
 
+// Sets one ExecutorOptions field from text, as the CLI (--plan, --read-ahead, --verify, --device)
+// and the Python package (plan=, read_ahead=, ...) spell it: plan auto|optimal|equal, read-ahead
+// ring|paper, verify first|always|never, device cpu|cuda (`name` may carry leading dashes and
+// '-' or '_'). Throws Error("NAME 'VALUE' is not one of ...") with `name` as given.
+SWAPNET_API void set_executor_option(ExecutorOptions* o, const std::string& name, const std::string& value);
+
 // Throws Error("ORIGIN: --device cuda: ...") naming what is missing for ExecutorOptions::Device::
 // kCUDA: a CUDA libtorch, or a usable GPU (with the probe's reason). Executor::open calls it.
 SWAPNET_API void require_cuda(const std::string& origin);
