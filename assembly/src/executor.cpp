@@ -574,7 +574,7 @@ struct Executor::Impl {
 
   // Registers the ring with the reader (Note above adopt) if it is not, and the reader is idle.
   void register_ring() {
-    if (registered || !ring) return;
+    if (registered || !ring || shed_pending) return;  // registering maps (zero-fills) every page
     registered = reader->register_buffers({{ring->base(), ring->capacity()}});
   }
 
@@ -1154,6 +1154,12 @@ bool Executor::shed(std::uint64_t budget) {
     if (f.ticket) (void)m.reader->wait(f.ticket);
   }
   m.fetches.clear();
+  // Registered (io_uring fixed buffer) pages are pinned by the kernel: dropping them from the
+  // mapping would not free them. The reader is idle now: unregister first.
+  if (m.registered) {
+    m.registered = !m.reader->register_buffers({});
+    if (m.registered) log(LogLevel::kError, m.path + ": internal: reads in flight after cancelling them; the ring stays pinned");
+  }
   std::uint64_t kept = 0;
   // The ring: only the running layer's bytes, when it runs from a swapped block.
   if (m.ring) {
