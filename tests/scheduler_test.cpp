@@ -188,6 +188,77 @@ TEST(Budgeter, UnknownPolicyIsNamed) {
             std::string::npos);
 }
 
+// ---- dispatch policies on hand-made queues ----
+
+DispatchCandidate job(int model, double arrival, double deadline, double remaining, double next = 1) {
+  DispatchCandidate c;
+  c.model = model;
+  c.arrival_ms = arrival;
+  c.deadline_ms = deadline;
+  c.remaining_ms = remaining;
+  c.next_ms = next;
+  return c;
+}
+
+TEST(Dispatch, FifoTakesTheEarliestArrival) {
+  auto p = make_dispatch_policy("fifo");
+  EXPECT_EQ(p->pick({job(0, 5, 0, 1), job(1, 2, 0, 50), job(2, 9, 0, 1)}, 10).pick, 1);
+}
+
+TEST(Dispatch, RoundRobinServesModelsInTurn) {
+  auto p = make_dispatch_policy("rr");
+  const std::vector<DispatchCandidate> all = {job(2, 0, 0, 1), job(0, 0, 0, 1), job(1, 0, 0, 1)};
+  std::vector<int> order;
+  for (int k = 0; k < 5; ++k) order.push_back(all[static_cast<size_t>(p->pick(all, 0).pick)].model);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 0, 1}));
+  // A model not waiting is skipped: after 1 comes 2, then 0 when 2 is gone.
+  EXPECT_EQ(p->pick({job(0, 0, 0, 1), job(2, 0, 0, 1)}, 0).pick, 1);
+  EXPECT_EQ(p->pick({job(0, 0, 0, 1), job(1, 0, 0, 1)}, 0).pick, 0);
+}
+
+TEST(Dispatch, ShortestExpectedLatencyFirstTiesByArrival) {
+  auto p = make_dispatch_policy("sel");
+  EXPECT_EQ(p->pick({job(0, 0, 0, 30), job(1, 5, 0, 4), job(2, 1, 0, 20)}, 10).pick, 1);
+  EXPECT_EQ(p->pick({job(0, 7, 0, 4), job(1, 5, 0, 4)}, 10).pick, 1);
+}
+
+TEST(Dispatch, LeastSlackFirstAndEarlyDrop) {
+  auto p = make_dispatch_policy("lst");
+  // now 100: slacks 100-100-... : job 0: 150-100-30 = 20, job 1: 140-100-10 = 30, job 2 none.
+  DispatchDecision d = p->pick({job(0, 0, 150, 30), job(1, 0, 140, 10), job(2, 0, 0, 1)}, 100);
+  EXPECT_EQ(d.pick, 0);
+  EXPECT_TRUE(d.drop.empty());
+  // Job 1 cannot finish by its deadline any more (100 + 50 > 140): dropped, not run.
+  d = p->pick({job(0, 0, 180, 30), job(1, 0, 140, 50), job(2, 3, 0, 1)}, 100);
+  EXPECT_EQ(d.pick, 0);
+  EXPECT_EQ(d.drop, std::vector<int>{1});
+  // Only jobs without deadlines: first come, first served.
+  d = p->pick({job(0, 9, 0, 1), job(1, 3, 0, 100)}, 100);
+  EXPECT_EQ(d.pick, 1);
+  // Everything late: all dropped, nothing picked.
+  d = p->pick({job(0, 0, 101, 30), job(1, 0, 90, 1)}, 100);
+  EXPECT_EQ(d.pick, -1);
+  EXPECT_EQ(d.drop, (std::vector<int>{0, 1}));
+}
+
+TEST(Dispatch, UnknownSchedulerIsNamed) {
+  const std::string e = error_of([] { make_dispatch_policy("edf2"); });
+  EXPECT_NE(e.find("scheduler 'edf2' is not one of threads, fifo, rr, sel, lst"), std::string::npos) << e;
+}
+
+TEST(Dispatch, EwmaSeedsThenMovesATenthOfTheWay) {
+  Ewma e;
+  e.value = 10;  // the cost model's prediction
+  e.add(20);
+  EXPECT_DOUBLE_EQ(e.value, 11);
+  e.add(11);
+  EXPECT_DOUBLE_EQ(e.value, 11);
+  Ewma fresh;  // no prediction: the first sample is the estimate
+  fresh.add(7);
+  EXPECT_DOUBLE_EQ(fresh.value, 7);
+  EXPECT_EQ(fresh.samples, 1u);
+}
+
 TEST(BudgetSource, FileMeminfoAndCgroup) {
   char dir[] = "/tmp/swapnet-source-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
@@ -412,6 +483,76 @@ TEST(Runtime, BudgetWatcherFollowsAFile) {
   EXPECT_EQ(rt->total_budget(), next);
   EXPECT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
 }
+
+}  // namespace
+}  // namespace swapnet
+
+namespace swapnet {
+namespace {
+
+// A thousand requests with random deadlines (some impossible) under each central policy, with
+// budget changes during the run: every output bit-identical, none over budget, every request
+// answered (result, or dropped by "lst" only), deadlines counted.
+class CentralRuntime : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CentralRuntime, AThousandRequestsWithRandomDeadlinesAreBitIdentical) {
+  Models s = small_models();
+  RuntimeOptions ro;
+  ro.scheduler = GetParam();
+  auto rt = Runtime::open(specs(s), 1u << 30, ro);
+  const auto& d = rt->demands();
+  const std::uint64_t mins = d[0].min_bytes + d[1].min_bytes, fulls = d[0].full_bytes + d[1].full_bytes;
+  std::mt19937 rng(17);
+  const int n = 1000;
+  std::vector<std::future<c10::IValue>> f;
+  std::vector<int> model;
+  int differ = 0, dropped = 0, answered = 0, with_deadline = 0;
+  c10::InferenceMode g;
+  for (int k = 0; k < n; ++k) {
+    const int i = static_cast<int>(rng() % 2);
+    const bool has = rng() % 4 != 0;
+    with_deadline += has;
+    const auto deadline = has ? std::chrono::steady_clock::now() + std::chrono::microseconds(rng() % 60000)
+                              : std::chrono::steady_clock::time_point{};
+    f.push_back(rt->submit(i, {s.x[static_cast<size_t>(i)].clone()}, deadline));
+    model.push_back(i);
+    if (k % 100 == 50) rt->set_budget(mins + rng() % (fulls - mins));  // moves at block boundaries
+    if (k % 8 == 7) {  // let the queue drain a little: a mix of waiting and busy
+      for (size_t j = f.size() - 8; j < f.size(); ++j) f[j].wait();
+    }
+  }
+  for (size_t k = 0; k < f.size(); ++k) {
+    try {
+      c10::IValue out = f[k].get();
+      ++answered;
+      differ += !compare_outputs(s.expected[static_cast<size_t>(model[k])], out).equal;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      ASSERT_NE(what.find(": dropped: its deadline can no longer be met"), std::string::npos) << what;
+      ASSERT_EQ(std::string(GetParam()), "lst") << "only lst drops: " << what;
+      ++dropped;
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(answered + dropped, n);
+  std::uint64_t met = 0, counted = 0, st_dropped = 0;
+  for (const auto& m : rt->status()) {
+    EXPECT_EQ(m.over_budget, 0u) << m.name;
+    EXPECT_EQ(m.failed, 0u) << m.name;
+    met += m.deadline_met;
+    counted += m.deadline_requests;
+    st_dropped += m.dropped;
+    EXPECT_GT(m.estimate_error, 0.0) << m.name << ": blocks were timed";
+  }
+  EXPECT_EQ(counted, static_cast<std::uint64_t>(with_deadline));
+  EXPECT_EQ(st_dropped, static_cast<std::uint64_t>(dropped));
+  EXPECT_LT(met, counted) << "some deadlines (0 to 60 ms on a queue) were missed";
+  EXPECT_GT(met, 0u);
+  if (std::string(GetParam()) == "lst") EXPECT_GT(dropped, 0);
+  EXPECT_GT(rt->dispatch_us(), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, CentralRuntime, ::testing::Values("fifo", "rr", "sel", "lst"));
 
 }  // namespace
 }  // namespace swapnet

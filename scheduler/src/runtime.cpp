@@ -25,8 +25,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -47,7 +49,12 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 struct Request {
   std::vector<c10::IValue> inputs;
   std::promise<c10::IValue> done;
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline{};  // epoch: none
 };
+
+// A central scheduler's answer to a job waiting for a worker.
+enum class Grant { kNone, kGo, kDrop };
 
 struct Worker {
   RuntimeModel spec;
@@ -63,6 +70,51 @@ struct Worker {
   std::uint64_t shed_target = 0;
   ModelStatus st;
   std::thread thread;
+  // Central scheduling: waiting for a worker (as `cand`), and the answer.
+  bool waiting = false;
+  Grant grant = Grant::kNone;
+  DispatchCandidate cand;
+  std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
+  double ms_per_byte = 0;                        // the cost model's read time
+  std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
+  double error_sum = 0;                          // sum of |estimate - measured| / measured
+  std::uint64_t error_n = 0;
+  // Expected time of block [a, b]: its EWMA, seeded with the cost model's (the read when it is
+  // longer than the execution and the block is swapped).
+  Ewma& block_estimate(int a, int b, bool resident) {
+    Ewma& e = estimate[{a, b}];
+    if (e.samples == 0 && e.value == 0) {
+      double exec = 0, bytes = 0;
+      for (int k = a; k <= b && k < static_cast<int>(costs.size()); ++k) {
+        exec += costs[k].exec_ms;
+        bytes += static_cast<double>(costs[k].bytes);
+      }
+      e.value = std::max(resident ? 0.0 : bytes * ms_per_byte, exec);
+      if (e.value <= 0) e.value = 0.01;
+    }
+    return e;
+  }
+  // Under the runtime's lock, between steps: the next block's and the rest's expected times.
+  std::pair<double, double> expected() {
+    const ExecutionPlan& p = exec->plan();
+    const int next = exec->in_inference() ? exec->next_layer() : 0;
+    double first = -1, rest = 0;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      if (p.blocks[b].second < next) continue;
+      const double ms = block_estimate(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0).value;
+      if (first < 0) first = ms;
+      rest += ms;
+    }
+    return {std::max(first, 0.0), rest};
+  }
+  std::pair<int, int> next_block() const {
+    const ExecutionPlan& p = exec->plan();
+    const int next = exec->in_inference() ? exec->next_layer() : 0;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      if (p.blocks[b].second >= next) return p.blocks[b];
+    }
+    return {-1, -1};
+  }
 };
 
 }  // namespace
@@ -80,6 +132,94 @@ struct Runtime::Impl {
   std::vector<Adaptation> adaptations;
   Clock::time_point t0 = Clock::now();
   Clock::time_point notified;
+  // Central scheduling (RuntimeOptions::scheduler); null under "threads".
+  std::unique_ptr<DispatchPolicy> dispatch;
+  int free_workers = 0;
+  double dispatch_us_sum = 0;
+  std::uint64_t decisions = 0;
+
+  // Under mu: hands free workers to waiting jobs, as the policy picks.
+  void dispatch_locked() {
+    bool changed = false;
+    while (dispatch && free_workers > 0) {
+      std::vector<DispatchCandidate> c;
+      std::vector<size_t> who;
+      for (size_t j = 0; j < w.size(); ++j) {
+        if (w[j]->waiting) {
+          c.push_back(w[j]->cand);
+          who.push_back(j);
+        }
+      }
+      if (c.empty()) break;
+      const Clock::time_point t = Clock::now();
+      const DispatchDecision d = dispatch->pick(c, ms_between(t0, t));
+      dispatch_us_sum += ms_between(t, Clock::now()) * 1000;
+      ++decisions;
+      for (int k : d.drop) {
+        w[who[static_cast<size_t>(k)]]->waiting = false;
+        w[who[static_cast<size_t>(k)]]->grant = Grant::kDrop;
+        changed = true;
+      }
+      if (d.pick < 0) {
+        if (d.drop.empty()) break;
+        continue;
+      }
+      Worker& x = *w[who[static_cast<size_t>(d.pick)]];
+      x.waiting = false;
+      x.grant = Grant::kGo;
+      --free_workers;
+      changed = true;
+    }
+    if (changed) cv.notify_all();
+  }
+  // Worker i, unlocked on entry and return: waits for a worker for its next block, moving to a
+  // new target meanwhile. false: the scheduler dropped the request.
+  bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk) {
+    Worker& x = *w[i];
+    lk.lock();
+    while (true) {
+      const auto [next_ms, rest_ms] = x.expected();
+      x.cand = DispatchCandidate{static_cast<int>(i), ms_between(t0, r.arrival),
+                                 r.deadline == Clock::time_point{} ? 0.0 : std::max(1e-3, ms_between(t0, r.deadline)),
+                                 next_ms, rest_ms};
+      x.grant = Grant::kNone;
+      x.waiting = true;
+      dispatch_locked();
+      cv.wait(lk, [&] { return x.grant != Grant::kNone || stop || can_move(i); });
+      if (x.grant != Grant::kNone) break;
+      x.waiting = false;
+      if (stop) {
+        lk.unlock();
+        throw Error(x.spec.name + ": runtime stopped");
+      }
+      ++x.st.mid_inference_moves;
+      move(i, lk);
+      if (x.budget == 0 || !x.exec->in_inference()) {
+        const std::string why = reason[i];
+        lk.unlock();
+        throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
+      }
+    }
+    const bool go = x.grant == Grant::kGo;
+    x.grant = Grant::kNone;
+    lk.unlock();
+    return go;
+  }
+  // Worker i, unlocked: block [a, b] ran in `ms` on the worker it is giving back.
+  void release(size_t i, std::pair<int, int> block, bool resident, double ms, std::unique_lock<std::mutex>& lk) {
+    Worker& x = *w[i];
+    lk.lock();
+    ++free_workers;
+    if (block.first >= 0 && ms > 0) {
+      Ewma& e = x.block_estimate(block.first, block.second, resident);
+      x.error_sum += std::abs(e.value - ms) / ms;
+      ++x.error_n;
+      x.st.estimate_error = x.error_sum / static_cast<double>(x.error_n);
+      e.add(ms);
+    }
+    dispatch_locked();
+    lk.unlock();
+  }
 
   // What model j may hold now: its budget in force, or more while it moves to a larger one; once
   // shed, at most its minimum (the running layer's weights, activations), within its new budget.
@@ -189,14 +329,43 @@ struct Runtime::Impl {
   void serve(size_t i, Request r, std::unique_lock<std::mutex>& lk) {
     Worker& x = *w[i];
     lk.unlock();
-    bool ok = false, abandoned = false;
+    bool ok = false, abandoned = false, dropped = false, met = false;
+    c10::IValue result;
+    std::exception_ptr error;
     std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0;
+    const bool central = dispatch != nullptr;
     try {
       x.exec->reset_weight_peak();
       reset_cpu_account_peak(x.account);
       base = cpu_account(x.account).current;
       x.exec->begin(std::move(r.inputs));
-      while (!x.exec->step()) {
+      while (true) {
+        std::pair<int, int> block{-1, -1};
+        bool resident = false;
+        if (central) {
+          try {
+            if (!acquire(i, r, lk)) {
+              dropped = true;
+              throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
+            }
+          } catch (const Error& e) {
+            abandoned = !dropped && std::string(e.what()).find("abandoned") != std::string::npos;
+            throw;
+          }
+          block = x.next_block();
+          const ExecutionPlan& p = x.exec->plan();
+          for (size_t b = 0; b < p.blocks.size(); ++b) resident |= p.blocks[b] == block && p.resident[b];
+        }
+        const Clock::time_point started = Clock::now();
+        bool finished = false;
+        try {
+          finished = x.exec->step();
+        } catch (...) {
+          if (central) release(i, {-1, -1}, false, 0, lk);
+          throw;
+        }
+        if (central) release(i, block, resident, ms_between(started, Clock::now()), lk);
+        if (finished) break;
         lk.lock();
         if (can_move(i)) {
           ++x.st.mid_inference_moves;
@@ -212,19 +381,25 @@ struct Runtime::Impl {
         }
       }
       c10::IValue out = x.exec->finish();
+      const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
       act = cpu_account(x.account).peak - base;
       const WeightMemory wm = x.exec->weight_memory();
       held = wm.held;
       model_peak = wm.peak + act;
-      r.done.set_value(std::move(out));
+      result = std::move(out);
       ok = true;
+      met = !late;
     } catch (...) {
       if (x.exec->in_inference()) x.exec->abort();
-      r.done.set_exception(std::current_exception());
+      error = std::current_exception();
     }
     lk.lock();
     budget = x.budget;
     if (ok && held + act > budget) over = held + act;
+    if (r.deadline != Clock::time_point{}) {
+      ++x.st.deadline_requests;
+      x.st.deadline_met += ok && met ? 1 : 0;
+    }
     if (ok) {
       ++x.st.requests;
       x.st.peak_model_bytes = std::max(x.st.peak_model_bytes, model_peak);
@@ -237,11 +412,21 @@ struct Runtime::Impl {
                      std::to_string(x.exec->plan().blocks.size()) + " blocks, activations reserved " +
                      std::to_string(x.exec->plan().activation_bytes) + ")");
       }
+    } else if (dropped) {
+      ++x.st.dropped;
     } else if (abandoned) {
       ++x.st.abandoned;
     } else {
       ++x.st.failed;
     }
+    // Answered once counted: status() read after a result includes it.
+    lk.unlock();
+    if (ok) {
+      r.done.set_value(std::move(result));
+    } else {
+      r.done.set_exception(error);
+    }
+    lk.lock();
   }
   void loop(size_t i) {
     Worker& x = *w[i];
@@ -315,6 +500,11 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
+  if (options.scheduler != "threads") {
+    m.dispatch = make_dispatch_policy(options.scheduler);
+    if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
+    m.free_workers = options.workers;
+  }
   install_cpu_meter();
   const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
   for (auto& spec : models) {
@@ -339,6 +529,8 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     if (o.grid_step == 0) o.grid_step = default_grid_step(info);
     auto x = std::make_unique<Worker>();
     x->exec = Executor::open(spec.image, o);
+    x->costs = layer_costs(x->exec->info(), o);
+    x->ms_per_byte = o.cost.alpha_ms_per_byte;
     x->account = new_cpu_account();
     if (x->account == 0) {
       log_once(LogLevel::kWarn, "cpu_accounts", "runtime: all 255 CPU meter accounts are taken: activations of " +
@@ -399,10 +591,20 @@ const Executor& Runtime::executor(int model) const { return *impl_->w.at(static_
 double Runtime::seconds() const { return ms_between(impl_->t0, Clock::now()) / 1000; }
 
 std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inputs) {
+  return submit(model, std::move(inputs), Clock::time_point{});
+}
+
+double Runtime::dispatch_us() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->decisions ? impl_->dispatch_us_sum / static_cast<double>(impl_->decisions) : 0.0;
+}
+
+std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inputs, Clock::time_point deadline) {
   Impl& m = *impl_;
   if (model < 0 || model >= size()) throw Error("runtime: no model " + std::to_string(model));
   Request r;
   r.inputs = std::move(inputs);
+  r.deadline = deadline;
   std::future<c10::IValue> f = r.done.get_future();
   {
     std::lock_guard<std::mutex> lk(m.mu);

@@ -72,6 +72,51 @@ struct Allocation {
 SWAPNET_API Allocation allocate(const BudgetPolicy& policy, const std::vector<ModelDemand>& models,
                                 std::uint64_t total);
 
+// ---- dispatch (which waiting job runs its next block) -----------------------------------------
+//
+// With a central scheduler (RuntimeOptions::scheduler other than "threads"), a model's inference
+// asks for a worker before each block, and a DispatchPolicy picks among the jobs waiting: the
+// unit of scheduling (and of pre-emption) is a block, so an urgent request runs between two
+// blocks of a long one. docs/scheduler.md compares the policies with Band's.
+
+struct DispatchCandidate {
+  int model = 0;
+  double arrival_ms = 0;    // when its request arrived (any common clock)
+  double deadline_ms = 0;   // absolute, same clock; 0: none
+  double next_ms = 0;       // expected time of its next block
+  double remaining_ms = 0;  // expected time of the rest of its inference, next block included
+};
+
+struct DispatchDecision {
+  int pick = -1;          // index into the candidates; -1: none
+  std::vector<int> drop;  // indices of requests that cannot meet their deadline any more
+};
+
+class SWAPNET_API DispatchPolicy {
+ public:
+  virtual ~DispatchPolicy() = default;
+  virtual std::string name() const = 0;
+  // Called with at least one candidate; `now_ms` on the candidates' clock.
+  virtual DispatchDecision pick(const std::vector<DispatchCandidate>& waiting, double now_ms) = 0;
+};
+// "fifo" (earliest arrival), "rr" (round robin over models, a block each), "sel" (shortest
+// expected remaining latency), "lst" (least slack: deadline - now - remaining; a request whose
+// slack is negative is dropped, Band's early drop; requests without a deadline come after those
+// with one, first come first served). Throws Error naming the choices ("threads" is not a
+// policy: it is the Runtime without a central scheduler).
+SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name);
+
+// An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
+struct Ewma {
+  double alpha = 0.1;
+  double value = 0;
+  std::uint64_t samples = 0;
+  void add(double x) {
+    value = samples == 0 && value == 0 ? x : alpha * x + (1 - alpha) * value;
+    ++samples;
+  }
+};
+
 // ---- runtime ---------------------------------------------------------------------------------
 
 struct RuntimeModel {
@@ -86,6 +131,10 @@ struct RuntimeModel {
 struct RuntimeOptions {
   std::string policy = "paper";                    // make_policy(); ignored when `custom` is set
   std::shared_ptr<const BudgetPolicy> custom;      // a policy of the caller's own
+  // "threads": every model's thread runs its blocks whenever it likes (the baseline); else a
+  // make_dispatch_policy() name: at most `workers` blocks run at once, the policy picks which.
+  std::string scheduler = "threads";
+  int workers = 1;
 };
 
 struct ModelStatus {
@@ -107,6 +156,13 @@ struct ModelStatus {
   std::uint64_t rejected = 0;        // requests refused while paused
   std::uint64_t failed = 0;          // inferences that threw (but for `abandoned`)
   std::uint64_t abandoned = 0;       // inferences failed because the model was paused during them
+  // Requests submitted with a deadline, those finished by it, and those the scheduler dropped
+  // because they could not meet it any more (failed with an Error saying so).
+  std::uint64_t deadline_requests = 0;
+  std::uint64_t deadline_met = 0;
+  std::uint64_t dropped = 0;
+  // Expected block time (ms, EWMA) against measured, over the blocks run: mean |error| / measured.
+  double estimate_error = 0;
   std::uint64_t budget_changes = 0;  // plans adopted after open
   std::uint64_t mid_inference_moves = 0;  // of those, in the middle of an inference (between blocks)
 };
@@ -160,6 +216,12 @@ class SWAPNET_API Runtime : public BudgetTarget {
   // Queues an inference on `model`'s worker. The future throws if the model is paused (Error
   // naming it and its minimum) or the inference fails.
   std::future<c10::IValue> submit(int model, std::vector<c10::IValue> inputs);
+  // With a deadline (0: none). Under "lst", a request that cannot meet it any more is dropped:
+  // its future throws an Error saying so.
+  std::future<c10::IValue> submit(int model, std::vector<c10::IValue> inputs,
+                                  std::chrono::steady_clock::time_point deadline);
+  // Microseconds the dispatch policy took per decision (mean, since open); 0 under "threads".
+  double dispatch_us() const;
 
   // A new total: re-runs the budgeter and returns (microseconds). Each model moves to its new
   // plan between two blocks of the inference it is running (an idle one at once; a shrinking

@@ -1,0 +1,105 @@
+// Dispatch policies (scheduler.h): which job waiting for a worker runs its next block.
+//
+// Note [Dispatch policies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Band (band.txt, Section 4) schedules a request's subgraphs over heterogeneous processors with
+// expected latencies kept as EWMAs (alpha 0.1), and its least-slack-time policy drops a request
+// as soon as its expected finish is past its deadline: running it would only delay the others.
+// We adopt both at block granularity: a job's expected remaining time is the sum of its blocks'
+// EWMAs (seeded from the cost model: execution, or the read when it is longer), its slack is
+// deadline - now - remaining. With one kind of worker (the CPU here), Band's DP over units and
+// processors has nothing to choose among, so what remains of it is the order: which block next.
+#include <algorithm>
+#include <limits>
+
+#include "swapnet/scheduler.h"
+
+namespace swapnet {
+namespace {
+
+// First come, first served.
+class Fifo : public DispatchPolicy {
+ public:
+  std::string name() const override { return "fifo"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double) override {
+    DispatchDecision d;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (d.pick < 0 || w[i].arrival_ms < w[static_cast<size_t>(d.pick)].arrival_ms) d.pick = static_cast<int>(i);
+    }
+    return d;
+  }
+};
+
+// A block each, models in turn: the first waiting model after the one served last.
+class RoundRobin : public DispatchPolicy {
+ public:
+  std::string name() const override { return "rr"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double) override {
+    DispatchDecision d;
+    auto after = [&](int m) { return m > last_ ? m - last_ : m - last_ + (1 << 30); };  // distance after last_
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (d.pick < 0 || after(w[i].model) < after(w[static_cast<size_t>(d.pick)].model)) d.pick = static_cast<int>(i);
+    }
+    last_ = w[static_cast<size_t>(d.pick)].model;
+    return d;
+  }
+
+ private:
+  int last_ = -1;
+};
+
+// Shortest expected latency: the job expected to finish first (ties: first come).
+class ShortestExpected : public DispatchPolicy {
+ public:
+  std::string name() const override { return "sel"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double) override {
+    DispatchDecision d;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (d.pick < 0) {
+        d.pick = static_cast<int>(i);
+        continue;
+      }
+      const DispatchCandidate& b = w[static_cast<size_t>(d.pick)];
+      if (w[i].remaining_ms < b.remaining_ms || (w[i].remaining_ms == b.remaining_ms && w[i].arrival_ms < b.arrival_ms)) {
+        d.pick = static_cast<int>(i);
+      }
+    }
+    return d;
+  }
+};
+
+// Least slack time, with early drop (Note [Dispatch policies]).
+class LeastSlack : public DispatchPolicy {
+ public:
+  std::string name() const override { return "lst"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double now) override {
+    DispatchDecision d;
+    constexpr double kNone = std::numeric_limits<double>::infinity();
+    double best = kNone, best_arrival = kNone;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double slack = w[i].deadline_ms > 0 ? w[i].deadline_ms - now - w[i].remaining_ms : kNone;
+      if (slack < 0) {
+        d.drop.push_back(static_cast<int>(i));
+        continue;
+      }
+      if (d.pick < 0 || slack < best || (slack == best && w[i].arrival_ms < best_arrival)) {
+        d.pick = static_cast<int>(i);
+        best = slack;
+        best_arrival = w[i].arrival_ms;
+      }
+    }
+    return d;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name) {
+  if (name == "fifo") return std::make_unique<Fifo>();
+  if (name == "rr") return std::make_unique<RoundRobin>();
+  if (name == "sel") return std::make_unique<ShortestExpected>();
+  if (name == "lst") return std::make_unique<LeastSlack>();
+  throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst");
+}
+
+}  // namespace swapnet
