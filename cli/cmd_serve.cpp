@@ -7,6 +7,11 @@
 //    "models": [{"name": "yolov3", "image": "yolov3.swapnet", "urgency": 1, "device": "cpu",
 //                "threads": 1, "cpus": [0], "rate_hz": 0, "input_shape": ["1,3,416,416"]}, ...],
 //    "schedule": [{"at_s": 10, "budget": "60%"}]}
+// Deadlines: "scheduler": "lst" (or threads, fifo, rr, sel), "workers": 1, and per model
+// "period_ms" (open-loop arrivals at that period: a request arrives whether or not the last one
+// is done), "jitter_ms" (each arrival moved by up to that much, uniformly), "slo_ms" (deadline
+// after arrival). Results add slo_met (fraction of requests with a deadline finished by it;
+// dropped ones count as missed), dropped, and latency p99.
 // A budget is a size ("843MiB", bytes) or a percentage of the models' total size (weights +
 // activations, as their images record). Relative image paths are looked up next to the
 // scenario file, then in --models (default $SWAPNET_MODELS, else .cache/models).
@@ -19,7 +24,11 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <csignal>
+#include <deque>
+#include <memory>
+#include <random>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -43,12 +52,17 @@ struct ScenarioModel {
   std::vector<std::string> shapes;
   double rate_hz = 0;  // 0: closed loop
   std::string device = "cpu";
+  double period_ms = 0;  // > 0: open-loop arrivals
+  double jitter_ms = 0;
+  double slo_ms = 0;     // 0: no deadline
 };
 
 struct Scenario {
   std::string name;
   std::string total;   // size or percentage
   std::string policy = "paper";
+  std::string scheduler = "threads";
+  int workers = 1;
   double duration_s = 10;
   std::vector<ScenarioModel> models;
   std::vector<std::pair<double, std::string>> schedule;  // (at_s, budget)
@@ -71,11 +85,11 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   }
   auto field = [&](const std::string& where) { return path + ": field '" + where + "'"; };
   if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
-  static const std::set<std::string> known = {"name", "total_budget", "policy", "duration_s", "models", "schedule",
-                                              "description"};
+  static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
+                                              "schedule", "description", "scheduler", "workers"};
   for (const auto& [k, v] : j.items()) {
     if (!known.count(k)) throw Error(field(k) + " is not a scenario field (" + "name, description, total_budget, policy, "
-                                     "duration_s, models, schedule)");
+                                     "scheduler, workers, duration_s, models, schedule)");
   }
   Scenario s;
   try {
@@ -87,6 +101,9 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     }
     s.total = t.is_number() ? std::to_string(t.get<std::uint64_t>()) : t.get<std::string>();
     s.policy = j.value("policy", s.policy);
+    s.scheduler = j.value("scheduler", s.scheduler);
+    s.workers = j.value("workers", s.workers);
+    if (s.workers < 1) throw Error(field("workers") + ": " + std::to_string(s.workers) + " must be >= 1");
     s.duration_s = j.value("duration_s", s.duration_s);
   } catch (const json::exception& e) {
     throw Error(path + ": " + e.what());
@@ -97,7 +114,7 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   }
   const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   static const std::set<std::string> model_keys = {"name", "image", "urgency", "device", "threads", "cpus", "rate_hz",
-                                                   "input_shape"};
+                                                   "input_shape", "period_ms", "jitter_ms", "slo_ms"};
   for (size_t i = 0; i < j["models"].size(); ++i) {
     const json& m = j["models"][i];
     const std::string at = "models[" + std::to_string(i) + "]";
@@ -134,6 +151,15 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
       sm.rt.cpus = m.value("cpus", std::vector<int>{});
       sm.rate_hz = m.value("rate_hz", 0.0);
       if (sm.rate_hz < 0) throw Error(field(at + ".rate_hz") + " must be >= 0 (0: closed loop)");
+      sm.period_ms = m.value("period_ms", 0.0);
+      sm.jitter_ms = m.value("jitter_ms", 0.0);
+      sm.slo_ms = m.value("slo_ms", 0.0);
+      if (sm.period_ms < 0) throw Error(field(at + ".period_ms") + " must be >= 0 (0: no open-loop arrivals)");
+      if (sm.jitter_ms < 0 || (sm.period_ms > 0 && sm.jitter_ms >= sm.period_ms)) {
+        throw Error(field(at + ".jitter_ms") + ": " + std::to_string(sm.jitter_ms) + " must be >= 0 and below period_ms");
+      }
+      if (sm.slo_ms < 0) throw Error(field(at + ".slo_ms") + " must be >= 0 (0: no deadline)");
+      if (sm.period_ms > 0 && sm.rate_hz > 0) throw Error(field(at + ".period_ms") + ": give period_ms or rate_hz, not both");
       if (m.contains("input_shape")) {
         sm.shapes = m["input_shape"].is_string() ? std::vector<std::string>{m["input_shape"].get<std::string>()}
                                                  : m["input_shape"].get<std::vector<std::string>>();
@@ -201,6 +227,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   Scenario s = load_scenario(path, models_dir);
   if (o.duration_s > 0) s.duration_s = o.duration_s;
   if (!o.policy.empty()) s.policy = o.policy;
+  if (!o.scheduler.empty()) s.scheduler = o.scheduler;
+  if (s.scheduler != "threads") (void)make_dispatch_policy(s.scheduler);
   if (!o.budget.empty()) s.total = o.budget;
   (void)make_policy(s.policy);  // refuse a bad name before opening anything
 
@@ -259,6 +287,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
 
   RuntimeOptions ro;
   ro.policy = s.policy;
+  ro.scheduler = s.scheduler;
+  ro.workers = s.workers;
   std::vector<RuntimeModel> specs;
   for (const auto& m : s.models) specs.push_back(m.rt);
   std::unique_ptr<Runtime> rt = Runtime::open(std::move(specs), total, ro);
@@ -287,7 +317,93 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   std::vector<double> max_diff(n, 0);
   std::atomic<bool> done{false};
   std::vector<std::thread> clients;
+  std::vector<std::uint64_t> dropped(n, 0), sent(n, 0), unanswered(n, 0);
+  std::mutex grace_mu;
+  Clock::time_point grace{};
+  auto grace_end = [&] {
+    std::lock_guard<std::mutex> lk(grace_mu);
+    if (grace == Clock::time_point{}) grace = Clock::now() + std::chrono::seconds(2);
+    return grace;
+  };
+  auto record = [&](int i, c10::IValue out, double ms) {
+    std::lock_guard<std::mutex> lk(mu);
+    lat[i].push_back(ms);
+    samples.push_back({rt->seconds(), i, ms, rt->total_budget()});
+    if (o.check) {
+      if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
+      Comparison cmp = compare_outputs(reference[i], out);
+      if (!cmp.equal && equal[i]) diff[i] = cmp.difference;
+      equal[i] &= cmp.equal;
+      max_diff[i] = std::max(max_diff[i], cmp.max_abs_diff);
+    }
+  };
   for (int i = 0; i < n; ++i) {
+    if (s.models[i].period_ms > 0) {
+      // Open loop: arrivals at the period whatever the state of earlier requests; a collector
+      // takes the answers in order.
+      struct Pending {
+        std::future<c10::IValue> f;
+        Clock::time_point arrival;
+      };
+      auto q = std::make_shared<std::deque<Pending>>();
+      auto qmu = std::make_shared<std::mutex>();
+      auto qcv = std::make_shared<std::condition_variable>();
+      auto arrivals_done = std::make_shared<std::atomic<bool>>(false);
+      clients.emplace_back([&, i, q, qmu, qcv, arrivals_done] {
+        c10::InferenceMode guard;
+        std::mt19937 rng(1234 + i);
+        const ScenarioModel& sm = s.models[i];
+        auto us = [](double ms) { return std::chrono::microseconds(static_cast<long long>(ms * 1000)); };
+        auto tick = Clock::now();
+        while (!done.load()) {
+          const double jitter = sm.jitter_ms > 0 ? std::uniform_real_distribution<double>(-sm.jitter_ms, sm.jitter_ms)(rng) : 0;
+          std::this_thread::sleep_until(tick + us(std::max(0.0, jitter)));
+          tick += us(sm.period_ms);
+          if (done.load()) break;
+          const auto arrival = Clock::now();
+          const auto deadline = sm.slo_ms > 0 ? arrival + us(sm.slo_ms) : Clock::time_point{};
+          Pending p{rt->submit(i, clone_inputs(inputs[i]), deadline), arrival};
+          {
+            std::lock_guard<std::mutex> lk(*qmu);
+            q->push_back(std::move(p));
+            ++sent[i];
+          }
+          qcv->notify_one();
+        }
+        arrivals_done->store(true);
+        qcv->notify_one();
+      });
+      clients.emplace_back([&, i, q, qmu, qcv, arrivals_done] {
+        c10::InferenceMode guard;
+        while (true) {
+          Pending p;
+          {
+            std::unique_lock<std::mutex> lk(*qmu);
+            qcv->wait(lk, [&] { return !q->empty() || arrivals_done->load(); });
+            if (q->empty()) break;
+            p = std::move(q->front());
+            q->pop_front();
+          }
+          // After the run, a request still queued is given 2 s, then counted as unanswered
+          // (a miss when it has a deadline).
+          if (done.load() && p.f.wait_until(grace_end()) != std::future_status::ready) {
+            std::lock_guard<std::mutex> lk(mu);
+            ++unanswered[i];
+            continue;
+          }
+          try {
+            c10::IValue out = p.f.get();
+            record(i, std::move(out), ms_since(p.arrival));
+          } catch (const std::exception& e) {
+            if (std::string(e.what()).find(": dropped: ") != std::string::npos) {
+              std::lock_guard<std::mutex> lk(mu);
+              ++dropped[i];
+            }
+          }
+        }
+      });
+      continue;
+    }
     clients.emplace_back([&, i] {
       c10::InferenceMode guard;
       const double period_ms = s.models[i].rate_hz > 0 ? 1000.0 / s.models[i].rate_hz : 0;
@@ -300,19 +416,12 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
         }
         if (done.load()) break;
         auto t0 = Clock::now();
+        const auto deadline = s.models[i].slo_ms > 0
+                                  ? t0 + std::chrono::microseconds(static_cast<long long>(s.models[i].slo_ms * 1000))
+                                  : Clock::time_point{};
         try {
-          c10::IValue out = rt->submit(i, clone_inputs(inputs[i])).get();
-          const double ms = ms_since(t0);
-          std::lock_guard<std::mutex> lk(mu);
-          lat[i].push_back(ms);
-          samples.push_back({rt->seconds(), i, ms, rt->total_budget()});
-          if (o.check) {
-            if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
-            Comparison cmp = compare_outputs(reference[i], out);
-            if (!cmp.equal && equal[i]) diff[i] = cmp.difference;
-            equal[i] &= cmp.equal;
-            max_diff[i] = std::max(max_diff[i], cmp.max_abs_diff);
-          }
+          c10::IValue out = rt->submit(i, clone_inputs(inputs[i]), deadline).get();
+          record(i, std::move(out), ms_since(t0));
         } catch (const std::exception& e) {
           // Paused (the runtime said why when it paused it) or failed: try again shortly.
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -347,6 +456,9 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   json j;
   j["scenario"] = s.name;
   j["policy"] = s.policy;
+  j["scheduler"] = s.scheduler;
+  j["workers"] = s.workers;
+  j["dispatch_us"] = rt->dispatch_us();
   j["total_budget_bytes"] = rt->total_budget();
   j["initial_budget_bytes"] = total;
   j["duration_s"] = ms_since(start) / 1000;
@@ -369,7 +481,17 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"predicted_ms", m.predicted_ms},
                {"peak_model_bytes", m.peak_model_bytes},
                {"over_budget", m.over_budget},
-               {"latency_ms", {{"median", median(lat[i])}, {"p90", percentile(lat[i], 0.9)}}},
+               {"latency_ms", {{"median", median(lat[i])}, {"p90", percentile(lat[i], 0.9)}, {"p99", percentile(lat[i], 0.99)}}},
+               {"period_ms", s.models[i].period_ms},
+               {"slo_ms", s.models[i].slo_ms},
+               {"slo_met", m.deadline_requests + (s.models[i].slo_ms > 0 ? unanswered[i] : 0)
+                               ? json(double(m.deadline_met) /
+                                      double(m.deadline_requests + (s.models[i].slo_ms > 0 ? unanswered[i] : 0)))
+                               : json(nullptr)},
+               {"deadline_requests", m.deadline_requests},
+               {"unanswered", unanswered[i]},
+               {"dropped", m.dropped},
+               {"estimate_error", m.estimate_error},
                {"requests", lat[i].size()},
                {"rejected", m.rejected},
                {"failed", m.failed},
@@ -391,6 +513,14 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     j["models"].push_back(mj);
   }
   j["peak_model_bytes_sum"] = peak_sum;
+  {
+    std::uint64_t met = 0, asked = 0;
+    for (int i = 0; i < n; ++i) {
+      met += st[i].deadline_met;
+      asked += st[i].deadline_requests + (s.models[i].slo_ms > 0 ? unanswered[i] : 0);
+    }
+    j["slo_met"] = asked ? json(double(met) / double(asked)) : json(nullptr);
+  }
   j["adaptations"] = json::array();
   for (const auto& a : rt->adaptations()) {
     j["adaptations"].push_back({{"at_s", a.at_s}, {"budget_bytes", a.budget_bytes}, {"budgets", a.budgets},
@@ -417,6 +547,15 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                   mj["requests"].get<size_t>(),
                   mj["equal"].is_null() ? "-" : mj["equal"].get<bool>() ? "yes" : "NO",
                   mj["over_budget"].get<std::uint64_t>() ? "  OVER BUDGET" : "");
+    }
+    if (!j["slo_met"].is_null()) {
+      std::printf("deadlines (%s scheduler): %.1f %% met overall;", s.scheduler.c_str(), 100 * j["slo_met"].get<double>());
+      for (const auto& mj : j["models"]) {
+        if (mj["slo_met"].is_null()) continue;
+        std::printf(" %s %.1f %% (%llu dropped)", mj["name"].get<std::string>().c_str(), 100 * mj["slo_met"].get<double>(),
+                    static_cast<unsigned long long>(mj["dropped"].get<std::uint64_t>()));
+      }
+      std::printf("\n");
     }
     for (const auto& a : j["adaptations"]) {
       std::printf("at %.1f s: budget %s, planned in %.3f ms, in effect after %.1f ms: %s\n", a["at_s"].get<double>(),

@@ -100,6 +100,7 @@ double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t
 struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
+  std::string scheduler;      // --scheduler threads|fifo|rr|sel|lst: overrides the scenario's
   std::string budget;         // --budget: overrides the scenario's total (size or N%)
   std::string socket;         // --socket PATH for `swapnet ctl` (default default_control_path(); "none")
   std::string budget_source;  // --budget-source file:PATH | meminfo:RESERVE | cgroup:PATH

@@ -66,6 +66,21 @@ def main() -> int:
             lines = f.read().splitlines()
         expect(lines[0] == "t_s,model,latency_ms,total_budget_bytes" and len(lines) > 6, "timeline CSV")
 
+    # Open-loop arrivals with deadlines under the central scheduler (lst).
+    path = scenario("slo", scheduler="lst", workers=1, duration_s=4,
+                    models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "jitter_ms": 4, "slo_ms": 60},
+                            {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 50, "slo_ms": 2}])
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none")
+    expect(rc == 0, f"serve slo exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        expect(j["scheduler"] == "lst" and 0 <= j["slo_met"] <= 1, f"slo run: {j.get('scheduler')} {j.get('slo_met')}")
+        r18, mv2 = j["models"]
+        expect(r18["deadline_requests"] + r18["unanswered"] >= 50, f"r18 open-loop arrivals: {r18['deadline_requests']}")
+        expect(mv2["dropped"] > 0 and mv2["slo_met"] < 0.5, f"mv2's 2 ms deadline cannot be met: {mv2['slo_met']}, dropped {mv2['dropped']}")
+        expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), "slo run outputs and budgets")
+        expect(j["dispatch_us"] > 0, "dispatch time measured")
+
     # ctl against a running serve.
     sock = os.path.join(work, "ctl", "serve.sock")
     path = scenario("ctl", duration_s=6)
@@ -103,6 +118,10 @@ def main() -> int:
         "schedule": ({"schedule": [{"at": 1}]}, "field 'schedule[0]' must be {\"at_s\": SECONDS, \"budget\": SIZE}"),
         "percent": ({"total_budget": "x%"}, "field 'total_budget': 'x%' is not a percentage"),
         "policy": ({"policy": "fastest"}, "'fastest' is not one of paper, equal, minmax"),
+        "scheduler": ({"scheduler": "edf9"}, "scheduler 'edf9' is not one of threads, fifo, rr, sel, lst"),
+        "jitter": ({"models": [{"image": "resnet18.swapnet", "period_ms": 10, "jitter_ms": 10}]},
+                   "field 'models[0].jitter_ms': 10.000000 must be >= 0 and below period_ms"),
+        "workers": ({"workers": 0}, "field 'workers': 0 must be >= 1"),
         "cannotfit": ({"total_budget": "1MiB"}, "the scenario cannot fit: the models' minimum budgets sum to"),
     }
     for name, (fields, message) in bad.items():
