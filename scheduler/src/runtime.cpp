@@ -107,13 +107,14 @@ struct Worker {
     }
     return {std::max(first, 0.0), rest};
   }
-  std::pair<int, int> next_block() const {
+  // The plan's block the next step runs (-1: none left).
+  int next_block() const {
     const ExecutionPlan& p = exec->plan();
     const int next = exec->in_inference() ? exec->next_layer() : 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
-      if (p.blocks[b].second >= next) return p.blocks[b];
+      if (p.blocks[b].second >= next) return static_cast<int>(b);
     }
-    return {-1, -1};
+    return -1;
   }
 };
 
@@ -174,7 +175,8 @@ struct Runtime::Impl {
   }
   // Worker i, unlocked on entry and return: waits for a worker for its next block, moving to a
   // new target meanwhile. false: the scheduler dropped the request.
-  bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk) {
+  // *abandoned: the model was paused while waiting (the Error thrown says so).
+  bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, bool* abandoned) {
     Worker& x = *w[i];
     lk.lock();
     while (true) {
@@ -196,6 +198,7 @@ struct Runtime::Impl {
       move(i, lk);
       if (x.budget == 0 || !x.exec->in_inference()) {
         const std::string why = reason[i];
+        *abandoned = true;
         lk.unlock();
         throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
       }
@@ -343,18 +346,15 @@ struct Runtime::Impl {
         std::pair<int, int> block{-1, -1};
         bool resident = false;
         if (central) {
-          try {
-            if (!acquire(i, r, lk)) {
-              dropped = true;
-              throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
-            }
-          } catch (const Error& e) {
-            abandoned = !dropped && std::string(e.what()).find("abandoned") != std::string::npos;
-            throw;
+          if (!acquire(i, r, lk, &abandoned)) {
+            dropped = true;
+            throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
           }
-          block = x.next_block();
-          const ExecutionPlan& p = x.exec->plan();
-          for (size_t b = 0; b < p.blocks.size(); ++b) resident |= p.blocks[b] == block && p.resident[b];
+          const int b = x.next_block();
+          if (b >= 0) {
+            block = x.exec->plan().blocks[static_cast<size_t>(b)];
+            resident = x.exec->plan().resident[static_cast<size_t>(b)] != 0;
+          }
         }
         const Clock::time_point started = Clock::now();
         bool finished = false;
