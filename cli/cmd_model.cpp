@@ -49,6 +49,7 @@ struct Row {
   std::int64_t live_bytes;
   std::vector<std::string> ops, live_in;
   std::int64_t offset = -1, size = -1;  // images only: the layer's aligned byte range
+  std::int64_t peak_bytes = -1;         // images of format 3 on: activation peak while it ran
 };
 
 int print_table(const std::string& path, const std::vector<Row>& rows, json j, const Common& c,
@@ -82,6 +83,7 @@ int print_table(const std::string& path, const std::vector<Row>& rows, json j, c
         l["offset"] = r.offset;
         l["size"] = r.size;
       }
+      if (r.peak_bytes >= 0) l["peak_bytes"] = r.peak_bytes;
       arr.push_back(std::move(l));
     }
     j["layers"] = std::move(arr);
@@ -131,7 +133,8 @@ int inspect_image(const std::string& path, const Common& c) {
     }
     rows.push_back(Row{static_cast<int>(k), L.name, bytes, L.num_tensors, L.flops, L.time_ms,
                        static_cast<std::int64_t>(L.live_bytes), split_ops(L.ops), {},
-                       static_cast<std::int64_t>(L.offset), static_cast<std::int64_t>(L.size)});
+                       static_cast<std::int64_t>(L.offset), static_cast<std::int64_t>(L.size),
+                       info.version >= 3 ? static_cast<std::int64_t>(L.peak_bytes) : -1});
   }
   int params = 0, buffers = 0;
   for (const auto& t : info.tensors) {
@@ -140,6 +143,7 @@ int inspect_image(const std::string& path, const Common& c) {
   }
   json j;
   j["image"] = true;
+  j["format_version"] = info.version;
   j["source"] = info.source;
   j["input_shapes"] = info.input_shapes;
   j["file_bytes"] = info.file_size;
@@ -341,7 +345,7 @@ int pack(const std::string& model, const std::string& out, const Common& c) {
   }
   PackOptions po;
   po.input_shapes = join_shapes(c.input_shapes);
-  po.activation_bytes = measure_activation_bytes(sk, inputs);  // for budget planning
+  po.activation_bytes = measure_activation_bytes(sk, inputs, &po.layer_peak_bytes);  // for budget planning
   const bool tty = ::isatty(2) != 0 && !c.json;
   int last_pct = -1;
   if (tty) {

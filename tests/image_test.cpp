@@ -53,6 +53,7 @@ Fixture make_fixture(int layers, unsigned seed = 1) {
     L.flops = 1000.0 * l;
     L.time_ms = 0.5 * l;
     L.live_bytes = 4096u * l;
+    L.peak_bytes = 8192u * l + 1;
     for (std::uint32_t t = 0; t < L.num_tensors; ++t) {
       ImageTensor it;
       it.name = L.name + (t ? ".bias" : ".weight");
@@ -125,6 +126,9 @@ TEST(Image, RoundTripsTablesAndAlignment) {
     EXPECT_EQ(L.size % kImageAlign, 0u) << L.name;
   }
   EXPECT_EQ(got.layers[3].time_ms, 1.5);
+  EXPECT_EQ(got.layers[3].live_bytes, 3u * 4096);
+  EXPECT_EQ(got.layers[3].peak_bytes, 3u * 8192 + 1);
+  EXPECT_EQ(got.version, 3u);
   std::string bytes = slurp(path);
   EXPECT_EQ(got.file_size, bytes.size());
   for (size_t t = 0; t < got.tensors.size(); ++t) {
@@ -174,7 +178,7 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   std::uint32_t v2 = 1;  // an image from an older build
   std::memcpy(&b[8], &v2, 4);
   reseal(b);
-  expect(b, "format version 1 is not supported (this build reads version 2; re-pack the model)");
+  expect(b, "format version 1 is not supported (this build reads versions 2 to 3; re-pack the model)");
   expect(good.substr(0, good.size() - 4096), "truncated: file is");
   expect(good.substr(0, 100), "truncated: 100 bytes");
   // Absurd counts must be refused before anything is allocated.
@@ -202,6 +206,42 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   expect(b, "layer 0 (block0.conv): range [1125899906842624");
   // Trailing garbage in the file.
   expect(good + std::string(4096, '\0'), "header says");
+}
+
+// Images packed before format 3 (no per-layer activation peak) are still read: the peaks are 0
+// (not measured) and everything else is as written.
+TEST(Image, ReadsFormatVersion2) {
+  Fixture f = make_fixture(3);
+  std::string b = slurp(write_fixture(f, "v2.swapnet"));
+  ImageInfo v3;
+  ASSERT_TRUE(parse_bytes(b, &v3).ok());
+  // Turn it into version 2: drop each layer's trailing u64 peak_bytes from the metadata.
+  std::uint64_t meta_size = 0;
+  std::memcpy(&meta_size, &b[40], 8);
+  size_t pos = 4096 + 4 + f.info.source.size() + 4 + f.info.input_shapes.size() + 4 + 8;
+  for (const auto& L : f.info.layers) {
+    pos += 4 + L.name.size() + 4 + L.ops.size() + 8 * 3 + 4 * 2 + 8 * 4;  // through live_bytes
+    b.erase(pos, 8);
+    b.insert(4096 + meta_size - 8, 8, '\0');  // keep the data section where it was
+    meta_size -= 8;
+  }
+  std::memcpy(&b[40], &meta_size, 8);
+  std::uint32_t v2 = 2;
+  std::memcpy(&b[8], &v2, 4);
+  reseal(b);
+  ImageInfo got;
+  Status s = parse_bytes(b, &got);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(got.version, 2u);
+  ASSERT_EQ(got.layers.size(), 3u);
+  for (size_t l = 0; l < got.layers.size(); ++l) {
+    EXPECT_EQ(got.layers[l].live_bytes, 4096u * l);
+    EXPECT_EQ(got.layers[l].peak_bytes, 0u);
+    EXPECT_EQ(got.layers[l].checksum, v3.layers[l].checksum);
+    EXPECT_EQ(got.layers[l].offset, v3.layers[l].offset);
+  }
+  EXPECT_EQ(got.skeleton, f.info.skeleton);
+  EXPECT_EQ(got.tensors.size(), f.info.tensors.size());
 }
 
 TEST(Image, WriteIsAtomic) {

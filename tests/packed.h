@@ -21,7 +21,7 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   at::Tensor x = torch::randn(shape);
   sk.profile({x}, ProfileOptions{0, 1});
   PackOptions po;
-  po.activation_bytes = measure_activation_bytes(sk, {x});
+  po.activation_bytes = measure_activation_bytes(sk, {x}, &po.layer_peak_bytes);
   static std::string dir = [] {
     char t[] = "/tmp/swapnet-test-XXXXXX";
     return std::string(::mkdtemp(t));

@@ -660,6 +660,10 @@ void Skeleton::pack(const std::string& path, const PackOptions& options) const {
   info.input_shapes = options.input_shapes;
   info.num_inputs = static_cast<std::uint32_t>(m.num_inputs);
   info.activation_bytes = options.activation_bytes;
+  if (!options.layer_peak_bytes.empty() && options.layer_peak_bytes.size() != m.layers.size()) {
+    m.refuse("internal: " + std::to_string(options.layer_peak_bytes.size()) + " layer activation peaks for " +
+             std::to_string(m.layers.size()) + " layers");
+  }
   std::uint32_t next = 0;
   for (const auto& L : m.layers) {
     ImageLayer il;
@@ -674,6 +678,7 @@ void Skeleton::pack(const std::string& path, const PackOptions& options) const {
     il.flops = L.flops;
     il.time_ms = L.time_ms;
     il.live_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, L.live_bytes));
+    if (!options.layer_peak_bytes.empty()) il.peak_bytes = options.layer_peak_bytes[L.index];
     info.layers.push_back(std::move(il));
   }
   for (size_t i = 0; i < m.slots.size(); ++i) {

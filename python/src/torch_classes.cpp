@@ -43,7 +43,7 @@ std::string pack(const std::string& model, const std::string& image, const c10::
     }
     PackOptions po;
     po.input_shapes = shape_text(inputs);
-    po.activation_bytes = measure_activation_bytes(sk, inputs);
+    po.activation_bytes = measure_activation_bytes(sk, inputs, &po.layer_peak_bytes);
     sk.pack(image, po);
     ImageInfo info;
     read_image_info(image, &info).throw_if_error();

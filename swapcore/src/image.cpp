@@ -9,7 +9,7 @@
 //   [data_offset, EOF)   parameter data: layer 0, layer 1, ... each starting on a 4 KiB
 //                        boundary and padded with zeros to the next one
 //
-// Header: magic "SWAPNET\0" (8) | u32 version = 2 | u32 header_bytes = 4096 | u64 alignment =
+// Header: magic "SWAPNET\0" (8) | u32 version = 3 | u32 header_bytes = 4096 | u64 alignment =
 // 4096 | u64 file_size | u64 meta_offset = 4096 | u64 meta_size | u64 meta_checksum | u64
 // data_offset | u64 data_size | u32 num_layers | u32 num_tensors | zeros ... | u64
 // header_checksum at byte 4088 = XXH3-64 of bytes [0, 4088).
@@ -18,7 +18,8 @@
 // num_layers x layer | num_tensors x
 // tensor | blob skeleton, where str = u32 length + bytes, blob = u64 length + bytes,
 //   layer  = str name | str ops | u64 offset | u64 size | u64 data_bytes | u32 first_tensor |
-//            u32 num_tensors | u64 checksum | f64 flops | f64 time_ms | u64 live_bytes
+//            u32 num_tensors | u64 checksum | f64 flops | f64 time_ms | u64 live_bytes |
+//            u64 peak_bytes (version 3 on; version 2 images are still read, peak_bytes 0)
 //   tensor = str name | u8 kind | u8 dtype | u8 element_size | u8 ndim | ndim x i64 size |
 //            ndim x i64 stride | u64 offset | u64 nbytes | u32 layer
 //
@@ -44,7 +45,9 @@ namespace swapnet {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'W', 'A', 'P', 'N', 'E', 'T', '\0'};
-constexpr std::uint32_t kVersion = 2;  // 2: activation_bytes in the metadata
+// 2: activation_bytes in the metadata; 3: peak_bytes per layer. Version 2 is still read.
+constexpr std::uint32_t kVersion = 3;
+constexpr std::uint32_t kOldestVersion = 2;
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kHeaderChecksumAt = kHeaderBytes - 8;
 constexpr std::uint64_t kMaxMetaBytes = 256ull << 20;  // tables + skeleton; real ones are < 1 MiB
@@ -171,6 +174,7 @@ std::string meta_bytes(const ImageInfo& info) {
     w.f64(L.flops);
     w.f64(L.time_ms);
     w.u64(L.live_bytes);
+    w.u64(L.peak_bytes);
   }
   for (const auto& t : info.tensors) {
     w.str(t.name);
@@ -232,9 +236,9 @@ Status parse_image(const std::uint8_t* data, std::size_t size, std::uint64_t fil
   h.u64(&data_size);
   h.u32(&num_layers);
   h.u32(&num_tensors);
-  if (version != kVersion) {
-    return bad("format version " + std::to_string(version) + " is not supported (this build reads version " +
-               std::to_string(kVersion) + "; re-pack the model)");
+  if (version < kOldestVersion || version > kVersion) {
+    return bad("format version " + std::to_string(version) + " is not supported (this build reads versions " +
+               std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + "; re-pack the model)");
   }
   std::uint64_t stored = 0;
   std::memcpy(&stored, data + kHeaderChecksumAt, 8);
@@ -282,7 +286,7 @@ Status parse_image(const std::uint8_t* data, std::size_t size, std::uint64_t fil
     ImageLayer& L = info.layers[i];
     if (!r.str(&L.name) || !r.str(&L.ops) || !r.u64(&L.offset) || !r.u64(&L.size) || !r.u64(&L.data_bytes) ||
         !r.u32(&L.first_tensor) || !r.u32(&L.num_tensors) || !r.u64(&L.checksum) || !r.f64(&L.flops) ||
-        !r.f64(&L.time_ms) || !r.u64(&L.live_bytes)) {
+        !r.f64(&L.time_ms) || !r.u64(&L.live_bytes) || (version >= 3 && !r.u64(&L.peak_bytes))) {
       return bad("metadata truncated in layer " + std::to_string(i));
     }
     std::string where = "layer " + std::to_string(i) + " (" + L.name + ")";

@@ -76,6 +76,8 @@ struct ProfileOptions {
 struct PackOptions {
   std::string input_shapes;  // the example input profile() used, recorded in the image
   std::uint64_t activation_bytes = 0;  // peak activation bytes of forward at that input
+  // The same peak while each layer ran (one per layer, or empty: not measured).
+  std::vector<std::uint64_t> layer_peak_bytes;
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
 };
 
@@ -177,8 +179,10 @@ SWAPNET_API CpuMeterStats cpu_account(int account);
 SWAPNET_API void reset_cpu_account_peak(int account);
 // Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included), as
 // `swapnet run` accounts activations; installs the meter. What PackOptions::activation_bytes
-// records.
-SWAPNET_API std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs);
+// records. `layer_peaks`, if given, receives the same peak while each layer ran (what
+// PackOptions::layer_peak_bytes records).
+SWAPNET_API std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
+                                                   std::vector<std::uint64_t>* layer_peaks = nullptr);
 
 // ---- swapped execution ----
 struct ExecutorOptions {

@@ -119,7 +119,10 @@ struct ImageLayer {
   std::uint64_t checksum = 0;     // XXH3-64 of the `size` bytes at `offset`
   double flops = 0;               // from pack's profiling run
   double time_ms = 0;
-  std::uint64_t live_bytes = 0;
+  std::uint64_t live_bytes = 0;   // activation bytes alive after this layer (crossing to the next)
+  // Most activation bytes allocated at once while this layer ran, forward's inputs included (0:
+  // not measured; images before format 3).
+  std::uint64_t peak_bytes = 0;
 };
 
 struct ImageInfo {
