@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "swapnet/partitioner.h"
@@ -322,6 +323,73 @@ TEST(Partitioner, LeastBytesReadIsALowerBound) {
   }
   std::printf("min_read_bytes equals the exhaustive least in %d of %d tables\n", tight, trials);
   EXPECT_GT(tight, trials / 2);
+}
+
+// memory_bound_ms on a worked example: a head computing with large activations, a weight-heavy
+// tail. In 410,000 bytes the boundary after layer 0 holds 300,000 of activations, so at most
+// 110,000 of the tail's 400,000 bytes can be read ahead during the head; the rest (7.25 ms at
+// 40,000 bytes/ms) is read after it, while only layers 1-2 compute (2 ms): 10 + 7.25 = 17.25 ms,
+// above max(compute 12, read 10) -- and no schedule does better.
+TEST(Partitioner, MemoryBoundOnAWorkedExample) {
+  std::vector<LayerCost> l(3);
+  l[0].exec_ms = 10, l[0].live_bytes = 300000, l[0].peak_bytes = 300000;
+  l[1].exec_ms = 1, l[1].live_bytes = 10, l[1].peak_bytes = 300000;
+  l[2].exec_ms = 1, l[2].bytes = 400000, l[2].peak_bytes = 10;
+  const double r = 1.0 / 40000;
+  EXPECT_NEAR(memory_bound_ms(l, 410000, r), 17.25, 1e-9);
+  // With room for the whole tail next to the head's activations, the bound is the compute.
+  EXPECT_NEAR(memory_bound_ms(l, 700000, r), 12.0, 1e-9);
+  // ... even with a slow disk: the tail fits resident next to the head's activations.
+  EXPECT_NEAR(memory_bound_ms(l, 700000, 1.0 / 10000), 12.0, 1e-9);
+  // A slow disk in the small budget: 290,000 bytes at 10,000 bytes/ms after the head.
+  EXPECT_NEAR(memory_bound_ms(l, 410000, 1.0 / 10000), 39.0, 1e-9);
+  // Below a layer's weights + its peak nothing can run.
+  EXPECT_EQ(memory_bound_ms(l, 400005, r), std::numeric_limits<double>::infinity());
+}
+
+// memory_bound_ms is a lower bound on real schedules: the ring pipeline (simulate_ms), with the
+// executor's memory accounting (a constant activation reserve of the largest peak, the ring what
+// resident blocks leave), is never faster than it, for random layer tables, activations,
+// partitions and budgets; with unlimited memory it is the compute time.
+TEST(Partitioner, MemoryBoundIsBelowEveryRingSchedule) {
+  std::mt19937 rng(31);
+  CostModel m = io_heavy();
+  m.block_ms = 0;  // reads at the bare rate: the bound has no per-block cost
+  m.beta_ms_per_tensor = m.eta_ms_per_tensor = 0;
+  int above = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    auto layers = random_layers(2 + trial % 25, rng);
+    std::uniform_int_distribution<std::uint64_t> act(0, 200000);
+    std::uint64_t reserve = 0;
+    double compute = 0, read = 0;
+    // Every other table is shaped like a detector: a head computing on large activations with
+    // few weights, a weight-heavy tail on small activations (where the memory term binds).
+    const bool shaped = trial % 2 == 1;
+    for (size_t k = 0; k < layers.size(); ++k) {
+      auto& x = layers[k];
+      const bool head = 2 * k < layers.size();
+      if (shaped) x.bytes = head ? x.bytes / 16 / 4096 * 4096 : x.bytes * 2;
+      x.live_bytes = shaped && !head ? act(rng) / 20 : act(rng);
+      x.peak_bytes = x.live_bytes + (shaped && !head ? 0 : act(rng));
+      reserve = std::max(reserve, x.peak_bytes);
+      compute += x.exec_ms;
+      read += static_cast<double>(x.bytes) * m.alpha_ms_per_byte;
+    }
+    EXPECT_NEAR(memory_bound_ms(layers, std::uint64_t{1} << 40, m.alpha_ms_per_byte), compute, 1e-6) << trial;
+    const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
+    const std::uint64_t cap = shaped ? lo + (hi - lo) / 8 : std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
+    Partition p = optimal_partition(layers, cap, m);
+    ASSERT_TRUE(p.feasible) << trial;
+    const double ring = p.ring_bytes ? simulate_ms(layers, p.blocks, p.resident, p.ring_bytes, p.ring_depth, m)
+                                     : compute;
+    const double bound = memory_bound_ms(layers, p.memory() + reserve, m.alpha_ms_per_byte);
+    EXPECT_LE(bound, ring * (1 + 1e-9) + 1e-9) << "trial " << trial;
+    EXPECT_GE(bound, compute - 1e-9) << "trial " << trial;
+    above += bound > std::max(compute, p.read_bytes * m.alpha_ms_per_byte) * 1.01;
+  }
+  // The memory term matters in some of these tables (it is not just max(compute, reads)).
+  std::printf("memory bound above max(compute, reads) in %d of 200 tables\n", above);
+  EXPECT_GT(above, 0);
 }
 
 TEST(PartitionTable, LookupMatchesAFreshSearchAtGridPoints) {

@@ -174,7 +174,8 @@ std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10
 std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o) {
   std::vector<LayerCost> l;
   for (const auto& L : info.layers) {
-    l.push_back(LayerCost{L.size, L.num_tensors, o.measured_exec ? L.time_ms : o.gamma_ms_per_flop * L.flops});
+    l.push_back(LayerCost{L.size, L.num_tensors, o.measured_exec ? L.time_ms : o.gamma_ms_per_flop * L.flops,
+                          L.live_bytes, L.peak_bytes});
   }
   return l;
 }

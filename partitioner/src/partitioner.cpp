@@ -233,6 +233,62 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
                            : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m);
 }
 
+double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte) {
+  const int n = static_cast<int>(layers.size());
+  if (n == 0) return 0;
+  // Points in cyclic order: 2k = layer k at its activation peak, 2k+1 = the boundary after it.
+  // avail[x]: the most bytes that may hold weights of other layers at point x.
+  const int P = 2 * n;
+  std::vector<double> avail(P);
+  for (int k = 0; k < n; ++k) {
+    const LayerCost& l = layers[k];
+    const std::uint64_t before = k > 0 ? layers[k - 1].live_bytes : 0;
+    const std::uint64_t peak = std::max({l.peak_bytes, l.live_bytes, l.peak_bytes ? 0 : before});
+    if (peak + l.bytes > budget) return kInf;  // no schedule runs this layer in the budget
+    avail[2 * k] = static_cast<double>(budget - peak - l.bytes);
+    avail[2 * k + 1] = static_cast<double>(budget - l.live_bytes);
+  }
+  // Prefix sums over two periods of layers.
+  std::vector<double> ex(2 * n + 1, 0), by(2 * n + 1, 0);
+  for (int k = 0; k < 2 * n; ++k) {
+    ex[k + 1] = ex[k] + layers[k % n].exec_ms;
+    by[k + 1] = by[k] + static_cast<double>(layers[k % n].bytes);
+  }
+  // Segment from point x to point y (x < y <= x + P, unrolled): the layers after x's layer
+  // through y's layer need their weights in (x, y]; layers strictly between them compute there.
+  auto seg = [&](int x, int y) {
+    const int lx = x / 2, ly = y / 2;  // unrolled layer indices
+    double need = by[ly + 1] - by[lx + 1];
+    // A whole period from a layer's peak back to it: that layer's weights, held at x, are the
+    // ones it needs again.
+    if (x % 2 == 0 && ly == lx + n) need -= static_cast<double>(layers[lx % n].bytes);
+    const int last_inside = (y % 2 == 1) ? ly : ly - 1;
+    const double compute = last_inside > lx ? ex[last_inside + 1] - ex[lx + 1] : 0.0;
+    return std::max(compute, std::max(0.0, need - avail[x % P]) * ms_per_byte);
+  };
+  // Starting points: all of them for models of up to 200 layers, else the 128 with the least room
+  // (where the bound binds; fewer starts still give a valid bound).
+  std::vector<int> starts(P);
+  for (int x = 0; x < P; ++x) starts[x] = x;
+  if (n > 200) {
+    std::partial_sort(starts.begin(), starts.begin() + 128, starts.end(),
+                      [&](int a, int b) { return avail[a] < avail[b]; });
+    starts.resize(128);
+  }
+  double best = 0;
+  std::vector<double> dp(P + 1);
+  for (int s : starts) {
+    dp[0] = 0;
+    for (int j = 1; j <= P; ++j) {
+      double v = -kInf;
+      for (int i = 0; i < j; ++i) v = std::max(v, dp[i] + seg(s + i, s + j));
+      dp[j] = v;
+    }
+    best = std::max(best, dp[P]);
+  }
+  return best;
+}
+
 std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity) {
   const int L = static_cast<int>(layers.size());
   std::vector<std::uint64_t> pre(L + 1, 0);

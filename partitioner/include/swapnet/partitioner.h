@@ -46,6 +46,10 @@ struct LayerCost {
   std::uint64_t bytes = 0;    // aligned bytes in the image
   std::uint32_t tensors = 0;  // the paper's depth
   double exec_ms = 0;         // execution time (measured, or gamma * FLOPs)
+  // Activations (memory_bound_ms only): bytes alive after the layer, and the most allocated at
+  // once while it runs (0: not measured; then the larger of the live bytes around it).
+  std::uint64_t live_bytes = 0;
+  std::uint64_t peak_bytes = 0;
 };
 
 // The paper's coefficients (t_in = alpha*size + beta*depth, t_out = eta*depth), plus a fixed
@@ -95,6 +99,20 @@ SWAPNET_API bool prefer_two_ended(const std::vector<LayerCost>& layers, const Co
 // A lower bound on the bytes any partition fitting `capacity` reads per inference (a relaxation:
 // a ring at least as large as the largest swapped layer, every other byte resident if it fits).
 SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity);
+// A lower bound on the steady-state latency of back-to-back inferences that ANY schedule can
+// reach in `budget` bytes (weights and activations together) with a disk reading
+// `ms_per_byte`: not only this planner's plans, but any cuts, residency, read order or
+// activation-aware memory sharing. Layers run in order, one at a time, each with its weights in
+// memory. At a layer's activation peak (or at the boundary after it) memory holds activations
+// and that layer's weights, so at most the rest of the budget holds weights of later layers;
+// every other byte those layers need must be read afterwards. For any cyclic sequence of such
+// points the period is at least the sum over consecutive pairs of max(compute strictly between
+// them, bytes that must be read between them * ms_per_byte); the bound is the largest such sum
+// (dynamic programming over the points). It is at least the compute time, and exceeds
+// max(compute, bytes read / rate) when the budget is too small to read far enough ahead: the
+// physical bound of a memory-bound model. Infinite when a layer's weights and peak do not fit.
+// docs/partitioner.md has the derivation.
+SWAPNET_API double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte);
 // The smallest memory any partition needs: the largest pair of adjacent layers (the finest
 // partition), or the whole model when that is smaller (tiny models).
 SWAPNET_API std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers);
