@@ -8,7 +8,9 @@
 # own process, rounds interleaved, medians; io_bound = bytes read per inference / the raw
 # O_DIRECT rate measured in the same run (sustained: passes back to back for a second); and
 # direct_under_io, direct inference while the image is read at the pace swapnet read it (what
-# the reads cost the compute on this machine, without swapnet). naive reads with buffered I/O and drops each block's
+# the reads cost the compute on this machine, without swapnet); physical_bound = max(direct,
+# io_bound, memory_bound), memory_bound being the least latency any schedule can reach with
+# weights and activations within the budget (partitioner's memory_bound_ms). naive reads with buffered I/O and drops each block's
 # pages after use (the budget has no page cache to keep the model in).
 #   bench/storage.sh [--rounds N] [--iters N] [--rates "host 2GB/s 1GB/s 400MB/s"]
 #                    [--models "resnet101 yolov3 fcn_resnet101 vgg19"] [--read-ahead ring|paper]
@@ -69,6 +71,11 @@ print(json.dumps({
     "direct_under_io_ms": j["direct_under_io"]["latency_ms"]["median"],
     "background_mb_s": j["direct_under_io"]["background_mb_s"],
     "ratio_vs_bound_under_io": j["ratio_vs_bound_under_io"],
+    "memory_bound_ms": j.get("memory_bound_ms"), "physical_bound_ms": j.get("physical_bound_ms"),
+    "ratio_vs_physical_bound": j.get("ratio_vs_physical_bound"),
+    "memory_bound_under_io_ms": j.get("memory_bound_under_io_ms"),
+    "physical_bound_under_io_ms": j.get("physical_bound_under_io_ms"),
+    "ratio_vs_physical_bound_under_io": j.get("ratio_vs_physical_bound_under_io"),
     "prediction_error": abs(j["predicted_ms"] - swap) / swap,
     "bytes_read_per_inference": j["bytes_read_per_inference"], "min_read_bytes": j["min_read_bytes"],
     "read_vs_least": j["bytes_read_per_inference"] / j["min_read_bytes"] if j["min_read_bytes"] else None,

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -24,6 +26,19 @@ void use_profile(const DeviceProfile& p, ExecutorOptions* o) {
   o->cost = p.cost;
   o->measured_exec = p.exec_source == "measured";
   o->gamma_ms_per_flop = p.gamma_ms_per_flop;
+}
+
+double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s) {
+  std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
+  double image_ms = 0;
+  for (size_t k = 0; k < costs.size(); ++k) {
+    costs[k].bytes = info.layers[k].data_bytes;
+    image_ms += costs[k].exec_ms;
+  }
+  if (compute_ms > 0 && image_ms > 0) {
+    for (auto& l : costs) l.exec_ms *= compute_ms / image_ms;
+  }
+  return memory_bound_ms(costs, budget, 1.0 / (read_mb_s * 1e3));
 }
 
 namespace {
@@ -52,7 +67,7 @@ json plan_json(const ExecutionPlan& p) {
 }  // namespace
 
 int plan(const std::string& path, const Common& c, const std::string& budget_text, const std::string& profile_path,
-         bool table) {
+         bool table, const BoundOptions& bound) {
   apply_common(c);
   ImageInfo info;
   read_image_info(path, &info).throw_if_error();
@@ -70,6 +85,16 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
   double exec_ms = 0;
   for (const auto& l : costs) exec_ms += l.exec_ms;
   j["exec_ms"] = exec_ms;  // the execution time the image (or gamma * FLOPs) predicts
+  // The least latency any schedule reaches in this budget (partitioner's memory_bound_ms), on
+  // this profile's disk and compute, or on the what-if device given.
+  {
+    const double rate = bound.read_mb_s > 0 ? bound.read_mb_s : 1.0 / (prof.cost.alpha_ms_per_byte * 1e3);
+    const double compute = bound.compute_ms > 0 ? bound.compute_ms : exec_ms;
+    const double mem = image_memory_bound_ms(info, budget, compute, rate);
+    j["memory_bound_ms"] = std::isfinite(mem) ? json(mem) : json(nullptr);
+    j["physical_bound_ms"] = std::isfinite(mem) ? json(std::max(compute, mem)) : json(nullptr);
+    j["bound_device"] = {{"read_mb_s", rate}, {"compute_ms", compute}};
+  }
   // The capacity the partitioner gets: the budget less activations and (at most) pinned bytes.
   const std::uint64_t reserve = planning_reserve(info, eo);
   const std::uint64_t capacity = budget > reserve ? budget - reserve : 0;
@@ -146,6 +171,12 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
                 j["no_residency"]["predicted_ms"].get<double>(),
                 format_bytes(j["no_residency"]["bytes_read_per_inference"].get<std::uint64_t>()).c_str(),
                 j["equal_bytes"]["predicted_ms"].get<double>(), j["paper_pipeline"]["predicted_ms"].get<double>());
+    if (!j["physical_bound_ms"].is_null()) {
+      std::printf("  no schedule in this budget is faster than %.1f ms (memory bound %.1f ms, at %.0f MB/s and %.1f ms "
+                  "of compute)\n",
+                  j["physical_bound_ms"].get<double>(), j["memory_bound_ms"].get<double>(),
+                  j["bound_device"]["read_mb_s"].get<double>(), j["bound_device"]["compute_ms"].get<double>());
+    }
     std::printf("  search %.2f ms; grid of %zu in %.0f ms, lookup %.3f us (paper's table: %.3f us)\n",
                 j["search_ms"].get<double>(), grid.size(), j["grid_build_ms"].get<double>(),
                 j["lookup_us"].get<double>(), j["paper_lookup_us"].get<double>());

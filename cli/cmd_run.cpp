@@ -513,33 +513,27 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
   if (naive) j["naive_ratio"] = naive_ms / j["latency_ms"]["median"].get<double>();
   // The physical bound in this budget: no schedule of these layers, reading at the raw rate
   // with weights and activations within the budget, is faster than memory_bound_ms (the
-  // partitioner's derivation); the layers' times are the image's, scaled to the direct latency
-  // measured here (or under the same reads). It is max(direct, io_bound) unless the budget is
-  // too small to read far enough ahead.
+  // partitioner's derivation; it bounds the bytes any schedule reads too, so the plan's own
+  // io_bound is not part of it); the layers' times are the image's, scaled to the direct
+  // latency measured here (or under the same reads), their bytes the tensors' (no padding).
   if (o.device == "cpu" && j["budget_bytes"].is_number()) {
     ImageInfo info;
     read_image_info(path, &info).throw_if_error();
-    const std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
-    double image_ms = 0;
-    for (const auto& l : costs) image_ms += l.exec_ms;
-    const double ms_per_byte = 1.0 / (j["raw_io_mb_s"].get<double>() * 1e3);
+    const double raw_mb_s = j["raw_io_mb_s"].get<double>();
     const std::uint64_t budget = j["budget_bytes"].get<std::uint64_t>();
-    auto physical = [&](double compute_ms, const char* bound_key, const char* ratio_key) {
-      std::vector<LayerCost> scaled = costs;
-      for (auto& l : scaled) l.exec_ms *= image_ms > 0 ? compute_ms / image_ms : 0.0;
-      const double mem = memory_bound_ms(scaled, budget, ms_per_byte);
-      const double bound = std::max({compute_ms, j["io_bound_ms"].get<double>(), mem});
+    auto physical = [&](double compute_ms, const char* mem_key, const char* bound_key, const char* ratio_key) {
+      const double mem = image_memory_bound_ms(info, budget, compute_ms, raw_mb_s);
+      const double bound = std::max(compute_ms, mem);
+      j[mem_key] = std::isfinite(mem) ? json(mem) : json(nullptr);
       j[bound_key] = std::isfinite(bound) ? json(bound) : json(nullptr);
       j[ratio_key] = std::isfinite(bound) ? json(j["latency_ms"]["median"].get<double>() / bound) : json(nullptr);
-      return mem;
     };
-    const double mem = physical(direct_ms, "physical_bound_ms", "ratio_vs_physical_bound");
-    j["memory_bound_ms"] = std::isfinite(mem) ? json(mem) : json(nullptr);
+    physical(direct_ms, "memory_bound_ms", "physical_bound_ms", "ratio_vs_physical_bound");
     // Activation peaks per layer are in images of format 3; older ones bound with live bytes only.
     j["memory_bound_activations"] = info.version >= 3 ? "per-layer peaks" : "live bytes between layers";
     if (j.contains("direct_under_io")) {
-      physical(j["direct_under_io"]["latency_ms"]["median"].get<double>(), "physical_bound_under_io_ms",
-               "ratio_vs_physical_bound_under_io");
+      physical(j["direct_under_io"]["latency_ms"]["median"].get<double>(), "memory_bound_under_io_ms",
+               "physical_bound_under_io_ms", "ratio_vs_physical_bound_under_io");
     }
   }
   if (c.json) {
@@ -567,9 +561,11 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
                   j["direct_under_io"]["latency_ms"]["median"].get<double>(), j["ratio_vs_bound_under_io"].get<double>());
     }
     if (j.contains("physical_bound_ms") && !j["physical_bound_ms"].is_null()) {
-      std::printf("physical bound in this budget (memory_bound %.1f ms): %.1f ms; swapnet / that = %.3f\n",
+      std::printf("physical bound in this budget, max(direct, memory_bound %.1f ms): %.1f ms; swapnet / that = %.3f\n",
                   j["memory_bound_ms"].get<double>(), j["physical_bound_ms"].get<double>(),
                   j["ratio_vs_physical_bound"].get<double>());
+    } else if (j.contains("physical_bound_ms")) {
+      std::printf("physical bound: none (some layer's weights and activation peak do not fit the budget)\n");
     }
     if (o.check) std::printf("outputs %s direct inference\n", equal ? "bit-identical to" : "DIFFER from");
   }

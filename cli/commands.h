@@ -68,8 +68,18 @@ struct RunOptions {
   double background_mb_s = 0;
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
+// What-if device for plan's memory bound: the disk's rate and the whole model's compute time
+// (<= 0: the profile's rate, the image's layer times as the plan predicts them).
+struct BoundOptions {
+  double read_mb_s = 0;
+  double compute_ms = 0;
+};
 int plan(const std::string& image, const Common& c, const std::string& budget, const std::string& profile_path,
-         bool table);
+         bool table, const BoundOptions& bound = {});
+// The partitioner's memory_bound_ms for an image in `budget` (weights + activations): the image's
+// layer times scaled to `compute_ms` (<= 0: as they are), its tensors' bytes without padding, a
+// disk of `read_mb_s` (MB = 1e6 bytes). Infinite when some layer does not fit.
+double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s);
 
 // swapnet profile (cmd_profile.cpp).
 struct MeasureOptions {

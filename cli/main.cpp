@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
   plan->add_option("--budget", budget, "memory budget: bytes or KiB/MiB/GiB")->required();
   plan->add_option("--profile", profile_path, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   plan->add_flag("--table", table, "also list the paper's lookup table (n equal-byte blocks, memory, latency)");
+  swapnet::cli::BoundOptions bound;
+  plan->add_option("--read-mb-s", bound.read_mb_s,
+                   "memory bound on a disk of this rate in MB/s (default: the profile's)")->check(CLI::PositiveNumber);
+  plan->add_option("--compute-ms", bound.compute_ms,
+                   "memory bound with the model computing in this many ms (default: the plan's)")->check(CLI::PositiveNumber);
   add_common(plan, common, false, false);
 
   std::vector<std::string> images;
@@ -163,7 +168,7 @@ int main(int argc, char** argv) {
     if (*sig) return swapnet::cli::signature(model);
     if (*check) return swapnet::cli::check(image, common);
     if (*run) return swapnet::cli::run(image, common, ro);
-    if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table);
+    if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table, bound);
     if (*prof) return swapnet::cli::profile(images, common, profile_out, samples);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);

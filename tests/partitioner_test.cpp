@@ -329,7 +329,8 @@ TEST(Partitioner, LeastBytesReadIsALowerBound) {
 // tail. In 410,000 bytes the boundary after layer 0 holds 300,000 of activations, so at most
 // 110,000 of the tail's 400,000 bytes can be read ahead during the head; the rest (7.25 ms at
 // 40,000 bytes/ms) is read after it, while only layers 1-2 compute (2 ms): 10 + 7.25 = 17.25 ms,
-// above max(compute 12, read 10) -- and no schedule does better.
+// above max(compute 12, read 10). (A bound, not the optimum: the best schedule also waits for
+// layer 2's 1 ms after its reads, 18.25 ms.)
 TEST(Partitioner, MemoryBoundOnAWorkedExample) {
   std::vector<LayerCost> l(3);
   l[0].exec_ms = 10, l[0].live_bytes = 300000, l[0].peak_bytes = 300000;

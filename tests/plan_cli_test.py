@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """`swapnet profile`, `swapnet plan` and `run --plan auto` end to end for one model: the profile
 is written and read back; plan refuses a budget below the minimum with feasible false and the
-minimum; at a third of the model the blocks tile the layers and fit; with room to spare it keeps
+minimum; at a third of the model the blocks tile the layers and fit, and the physical bound
+(memory_bound_ms) lies between the compute and the plan's prediction; with room to spare it keeps
 everything resident and reads nothing per inference; run --plan auto is bit-identical, within
 the budget, and reads what plan said; a malformed profile is refused naming the file and the
 field; a stale one (other thread count) is replaced by one measured on the spot, said on stderr;
@@ -58,6 +59,25 @@ def main() -> int:
         expect(j["bytes_read_per_inference"] <= data, "reads at most the model")
         expect(j["no_residency"]["bytes_read_per_inference"] == data, "the paper's plan re-reads everything")
         planned_read = j["bytes_read_per_inference"]
+        # The physical bound: never above the planner's own prediction (a plan is a schedule, and
+        # the prediction has per-block costs the bound has not), never below the compute; on a
+        # what-if disk 100x slower it is at least the bytes that must be read past what the budget holds.
+        mb, pb = j["memory_bound_ms"], j["physical_bound_ms"]
+        same_costs = j["profile"]["exec_source"] == "measured"  # else the plan spreads gamma * FLOPs
+        expect(mb is not None and pb >= j["exec_ms"] - 1e-6 and (not same_costs or pb <= j["predicted_ms"] * 1.0001),
+               f"bound {pb} vs exec {j['exec_ms']} and predicted {j['predicted_ms']}")
+        rate = j["bound_device"]["read_mb_s"] / 100
+        rc2, out2, err2 = run(cli, "plan", img, "--budget", str(budget), "--profile", prof, "--json",
+                              "--read-mb-s", str(rate), "--compute-ms", "1")
+        expect(rc2 == 0, f"plan --read-mb-s: exit {rc2}: {err2}")
+        if rc2 == 0:
+            w = json.loads(out2)
+            tensors = sum(l["bytes"] for l in json.loads(run(cli, "inspect", img, "--json")[1])["layers"])
+            must = (tensors - budget) / (rate * 1e3)
+            expect(w["bound_device"]["compute_ms"] == 1 and w["physical_bound_ms"] >= must,
+                   f"what-if bound {w['physical_bound_ms']} < {must} (bytes past the budget at {rate} MB/s)")
+        rc2, out2, err2 = run(cli, "plan", img, "--budget", str(budget), "--read-mb-s", "-5")
+        expect(rc2 != 0 and "--read-mb-s" in err2, f"negative rate: exit {rc2}, {err2!r}")
         rc, out, err = run(cli, "run", img, "--budget", str(budget), "--plan", "auto", "--profile", prof,
                            "--check", "--iters", "2", "--json")
         expect(rc == 0, f"run --plan auto exit {rc}: {err}")
