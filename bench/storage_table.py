@@ -41,27 +41,23 @@ for r in rows:
         "-" if least is None else f"{least:.3f}",
         "/".join(mb(max(0, r[k])) for k in ("page_cache_direct", "page_cache_swapnet", "page_cache_naive")),
         f'{100 * r["prediction_error"]:.0f} %', "yes" if r["equal"] else "NO"]) + " |")
-worst = max(rows, key=lambda r: r["ratio_vs_bound"])
+def worst(key, what, extra=""):
+    """One summary line: the worst ratio `key` over the rows that have it, and how many are within 1.05."""
+    have = [r for r in rows if r.get(key) is not None]
+    if not have:
+        return
+    w = max(have, key=lambda r: r[key])
+    print(f"worst swapnet / {what}: {w[key]:.3f} ({w['model']} at {w['rate']}); rows within 1.05: "
+          f"{sum(r[key] <= 1.05 for r in have)} of {len(have)}{extra}")
+
+
 print()
-print(f"worst swapnet / max(direct, io_bound): {worst['ratio_vs_bound']:.3f} ({worst['model']} at {worst['rate']}); "
-      f"rows within 1.05: {sum(r['ratio_vs_bound'] <= 1.05 for r in rows)} of {len(rows)}")
-phys = [r for r in rows if r.get("ratio_vs_physical_bound") is not None]
-if phys:
-    worst = max(phys, key=lambda r: r["ratio_vs_physical_bound"])
-    print(f"worst swapnet / physical bound max(direct, memory_bound): {worst['ratio_vs_physical_bound']:.3f} "
-          f"({worst['model']} at {worst['rate']}); rows within 1.05: "
-          f"{sum(r['ratio_vs_physical_bound'] <= 1.05 for r in phys)} of {len(phys)}; memory bound above "
-          f"max(direct, io_bound) in {sum((r['memory_bound_ms'] or 0) > max(r['direct_ms'], r['io_bound_ms']) for r in phys)}")
-    under = [r for r in phys if r.get("ratio_vs_physical_bound_under_io") is not None]
-    if under:
-        worst = max(under, key=lambda r: r["ratio_vs_physical_bound_under_io"])
-        print(f"worst swapnet / physical bound under the same reads: {worst['ratio_vs_physical_bound_under_io']:.3f} "
-              f"({worst['model']} at {worst['rate']}); rows within 1.05: "
-              f"{sum(r['ratio_vs_physical_bound_under_io'] <= 1.05 for r in under)} of {len(under)}")
-worst = max(rows, key=lambda r: r["ratio_vs_bound_under_io"])
-print(f"worst swapnet / max(direct under the same reads, io_bound): {worst['ratio_vs_bound_under_io']:.3f} "
-      f"({worst['model']} at {worst['rate']}); rows within 1.05: "
-      f"{sum(r['ratio_vs_bound_under_io'] <= 1.05 for r in rows)} of {len(rows)}")
+worst("ratio_vs_bound", "max(direct, io_bound)")
+above = sum((r.get("memory_bound_ms") or 0) > max(r["direct_ms"], r["io_bound_ms"]) for r in rows)
+worst("ratio_vs_physical_bound", "physical bound max(direct, memory_bound)",
+      f"; memory bound above max(direct, io_bound) in {above}")
+worst("ratio_vs_physical_bound_under_io", "physical bound under the same reads")
+worst("ratio_vs_bound_under_io", "max(direct under the same reads, io_bound)")
 print(f"naive / swapnet: {min(r['naive_vs_swapnet'] for r in rows):.2f} .. {max(r['naive_vs_swapnet'] for r in rows):.2f}; "
       f"plan reads / least any plan reads: {max(r['read_vs_least'] or 1 for r in rows):.3f} at most")
 rates = []
