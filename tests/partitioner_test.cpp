@@ -175,8 +175,16 @@ TEST(Partitioner, MinimumArenaIsTheLargestAdjacentPair) {
   l[2].bytes = 25;
   l[3].bytes = 5;
   EXPECT_EQ(min_arena_bytes(l), 55u);
-  EXPECT_FALSE(optimal_partition(l, 54, CostModel{}).feasible);
-  EXPECT_TRUE(optimal_partition(l, 55, CostModel{}).feasible);
+  PartitionOptions two;
+  two.read_ahead = ReadAhead::kTwoEnded;
+  EXPECT_FALSE(optimal_partition(l, 54, CostModel{}, two).feasible);
+  EXPECT_TRUE(optimal_partition(l, 55, CostModel{}, two).feasible);
+  // The deep ring needs only the largest swapped layer (Note [A ring of one block]).
+  EXPECT_FALSE(optimal_partition(l, 29, CostModel{}).feasible);
+  Partition one = optimal_partition(l, 30, CostModel{});
+  EXPECT_TRUE(one.feasible);
+  EXPECT_EQ(one.memory(), 30u);
+  EXPECT_EQ(one.block_max, 30u);
   Partition all = optimal_partition(l, 70, CostModel{});
   ASSERT_EQ(all.blocks.size(), 1u) << "everything fits: one resident block";
   EXPECT_EQ(all.resident[0], 1);
@@ -276,7 +284,8 @@ TEST(Partitioner, RingPlansFitAndBeatTheTwoBlockPipeline) {
     Partition old = optimal_partition(layers, cap, m, paper);
     ASSERT_TRUE(ring.feasible && old.feasible) << "trial " << trial;
     expect_well_formed(layers, ring, cap, m, "trial " + std::to_string(trial));
-    EXPECT_GE(ring.ring_bytes, ring.read_bytes ? ring.arena_bytes : 0) << "trial " << trial;
+    EXPECT_GE(ring.ring_bytes, ring.read_bytes ? ring.block_max : 0) << "trial " << trial;
+    if (ring.ring_depth == 2) EXPECT_GE(ring.ring_bytes, ring.arena_bytes) << "trial " << trial << ": two ends, a pair";
     // The old plan, run with a ring of what its resident blocks leave.
     Partition as_ring = old;
     as_ring.ring_bytes = old.read_bytes ? cap - old.resident_bytes : 0;
@@ -290,13 +299,13 @@ TEST(Partitioner, RingPlansFitAndBeatTheTwoBlockPipeline) {
 // the exhaustive least (every cut, every resident flag that fits) is compared.
 TEST(Partitioner, LeastBytesReadIsALowerBound) {
   std::mt19937 rng(29);
-  int tight = 0, trials = 0;
+  int tight = 0, tight_deep = 0, trials = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int L = 2 + trial % 9;
     auto layers = random_layers(L, rng);
     const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
     const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, hi))(rng);
-    std::uint64_t least = UINT64_MAX;
+    std::uint64_t least = UINT64_MAX, least_deep = UINT64_MAX;
     for (std::uint32_t cuts = 0; cuts < (1u << (L - 1)); ++cuts) {
       Blocks blocks;
       int first = 0;
@@ -313,15 +322,23 @@ TEST(Partitioner, LeastBytesReadIsALowerBound) {
         for (size_t b = 0; b < blocks.size(); ++b) c.resident.push_back((flags >> b) & 1u);
         evaluate(layers, CostModel{}, &c);
         if (c.memory() <= cap) least = std::min(least, c.read_bytes);
+        // The deep ring: the largest swapped block, not a pair.
+        if (c.block_max + c.resident_bytes <= cap) least_deep = std::min(least_deep, c.read_bytes);
       }
     }
-    const std::uint64_t bound = min_read_bytes(layers, cap);
+    const std::uint64_t bound = min_read_bytes(layers, cap, /*pairs=*/true);  // as evaluate()'s memory() counts
     ASSERT_NE(least, UINT64_MAX);
     EXPECT_LE(bound, least) << "trial " << trial;
     tight += bound == least;
+    const std::uint64_t deep = min_read_bytes(layers, cap);
+    EXPECT_LE(deep, least_deep) << "trial " << trial;
+    EXPECT_LE(least_deep, least) << "trial " << trial << ": a ring of one block never reads more";
+    tight_deep += deep == least_deep;
     ++trials;
   }
   std::printf("min_read_bytes equals the exhaustive least in %d of %d tables\n", tight, trials);
+  std::printf("deep ring: min_read_bytes equals the exhaustive least in %d of %d tables\n", tight_deep, trials);
+  EXPECT_GT(tight_deep, trials / 2);
   EXPECT_GT(tight, trials / 2);
 }
 

@@ -4,8 +4,8 @@
 //
 // Budget accounting (ExecutionPlan): budget = ring + resident + activations + pinned slots, where
 //  - ring: the read-ahead ring of swapped blocks (Note [Read-ahead ring]; at least the largest
-//    pair of adjacent swapped blocks, deeper where the budget allows; two-ended on the GPU and
-//    with ReadAhead::kPaper);
+//    swapped block, deeper where the budget allows; two-ended, at least the largest pair of
+//    adjacent swapped blocks, on the GPU and with ReadAhead::kPaper);
 //  - resident: blocks read once and kept across inferences;
 //  - activations: the peak bytes forward allocated at the image's example input (measured by
 //    the CPU meter when packing);
@@ -260,7 +260,8 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   p.read_bytes = part.read_bytes;
   p.activation_bytes = info.activation_bytes;
   p.pinned_bytes = pinned_bytes(info, sk, block_of_layer(info, p.blocks), p.resident, nullptr);
-  std::uint64_t ring = p.pair_bytes;
+  // The deep ring needs only the largest block (Note [A ring of one block]); two ends a pair.
+  std::uint64_t ring = ra == ReadAhead::kRing ? part.block_max : p.pair_bytes;
   const std::uint64_t fixed = p.activation_bytes + p.pinned_bytes + p.resident_bytes;
   if (ra == ReadAhead::kRing && p.read_bytes > 0 && budget > fixed) {
     // Whole pages: the ring is mapped in pages, and what it maps is what it holds.
@@ -376,9 +377,9 @@ std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) 
 
 ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
   ExecutionPlan p = plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
-  p.min_read_bytes = min_read_bytes(layer_costs(info, options), options.budget > info.activation_bytes
-                                                                     ? options.budget - info.activation_bytes
-                                                                     : 0);
+  p.min_read_bytes = min_read_bytes(layer_costs(info, options),
+                                    options.budget > info.activation_bytes ? options.budget - info.activation_bytes : 0,
+                                    effective_read_ahead(options) != ReadAhead::kRing);
   return p;
 }
 
@@ -450,6 +451,16 @@ void require_cuda(const std::string& origin) {
 // binds it by reference, runs its layers, unbinds it and pops it from the ring, which lets the
 // cursor submit more. Every budget is a promise: the ring, resident and pinned bytes are the
 // plan's, whatever is in flight.
+//
+// Note [A ring of one block]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The ring must hold the largest swapped block, not a pair: where the next block does not fit
+// next to the one executing, the cursor submits it once that one is popped, and there the read
+// does not overlap compute. That costs time only at those blocks, and it buys memory: vgg19 at
+// its minimum budget (517 MB: fc6 411 MB + fc7 67 MB + 39 MB of activations) could only swap
+// everything with a pair-sized ring (575 MB read per inference); with a ring of fc7's size it
+// keeps fc6 resident and reads 164 MB. The planner (partitioner's optimal_partition, kRing)
+// and simulate_ms() price the serialised reads; the two-ended pipelines still need a pair.
 //
 // Resumable inference: `run` holds the activations between layers; `cur` is the block being
 // executed and `bound` says whether its weights are bound (a step interrupted inside a block).

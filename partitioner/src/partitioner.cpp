@@ -204,6 +204,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
 
 bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p) {
   if (p->ring_depth != 0 || p->ring_bytes == 0 || p->read_bytes == 0) return false;
+  if (p->arena_bytes > p->ring_bytes) return false;  // two ends need a pair; the ring holds less
   Partition two = *p;
   two.ring_depth = 2;
   evaluate(layers, m, &two);
@@ -214,7 +215,7 @@ bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, 
 
 void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* part) {
   Prefix p(layers);
-  part->arena_bytes = part->resident_bytes = part->read_bytes = 0;
+  part->arena_bytes = part->resident_bytes = part->read_bytes = part->block_max = 0;
   std::uint64_t prev = 0;
   bool have_prev = false;
   for (size_t b = 0; b < part->blocks.size(); ++b) {
@@ -224,6 +225,7 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
       continue;
     }
     part->read_bytes += s;
+    part->block_max = std::max(part->block_max, s);
     part->arena_bytes = std::max(part->arena_bytes, have_prev ? prev + s : s);
     prev = s;
     have_prev = true;
@@ -289,24 +291,24 @@ double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budge
   return best;
 }
 
-std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity) {
+std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity, bool pairs) {
   const int L = static_cast<int>(layers.size());
   std::vector<std::uint64_t> pre(L + 1, 0);
   for (int k = 0; k < L; ++k) pre[k + 1] = pre[k] + layers[k].bytes;
   const std::uint64_t total = pre[L];
   if (total <= capacity) return 0;
-  // Any plan whose consecutive swapped layers pair up to at most A bytes (A: a layer or a sum
-  // of two) needs a ring of A and keeps every layer larger than A resident, within
-  // capacity - A: it reads at least total - (the largest subset sum of layers within
-  // capacity - A that holds those). A is possible when the fewest resident bytes that keep every
-  // consecutive swapped pair within A (a DP over the last swapped layer) fit in capacity - A.
-  // The bound is the least over possible A (it ignores only which subsets leave swapped pairs
-  // within A).
+  // Any plan whose swapped layers are at most A bytes (the deep ring), or whose consecutive
+  // swapped layers pair up to at most A bytes (`pairs`: A a layer or a sum of two), needs a ring
+  // of A and keeps every layer larger than A resident, within capacity - A: it reads at least
+  // total - (the largest subset sum of layers within capacity - A that holds those). With pairs,
+  // A is possible when the fewest resident bytes that keep every consecutive swapped pair within
+  // A (a DP over the last swapped layer) fit in capacity - A. The bound is the least over
+  // possible A (it ignores only which subsets leave swapped pairs within A).
   std::vector<std::uint64_t> rings;
   for (int i = 0; i < L; ++i) {
     if (layers[i].bytes > capacity) continue;
     rings.push_back(layers[i].bytes);
-    for (int j = i + 1; j < L; ++j) {
+    for (int j = i + 1; pairs && j < L; ++j) {
       if (layers[i].bytes + layers[j].bytes <= capacity) rings.push_back(layers[i].bytes + layers[j].bytes);
     }
   }
@@ -344,6 +346,12 @@ std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t
   std::uint64_t least = total;
   std::vector<std::uint64_t> dp(L);
   for (std::uint64_t A : rings) {
+    if (!pairs) {
+      std::uint64_t forced = 0;
+      for (const auto& l : layers) forced += l.bytes > A ? l.bytes : 0;
+      if (A <= capacity && forced <= capacity - A) least = std::min(least, total - most_resident(A, capacity - A));
+      continue;
+    }
     // dp[j]: fewest resident bytes in layers [0, j) with j swapped and every pair so far within A.
     std::uint64_t best = kNone;
     for (int j = 0; j < L; ++j) {
@@ -520,14 +528,15 @@ Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::ui
 
 namespace {
 
-// The largest pair of consecutive swapped layers (resident ones skipped), a single swapped layer
-// alone: the least arena any partition with these resident layers needs.
-std::uint64_t finest_pair(const std::vector<LayerCost>& layers, const std::vector<char>& mask) {
+// The least ring any partition with these resident layers needs: the largest pair of
+// consecutive swapped layers (resident ones skipped; a single swapped layer alone) for the
+// two-block pipelines, the largest swapped layer for the deep ring (`single`).
+std::uint64_t least_ring(const std::vector<LayerCost>& layers, const std::vector<char>& mask, bool single) {
   std::uint64_t worst = 0, prev = 0;
   bool have = false;
   for (size_t k = 0; k < layers.size(); ++k) {
     if (mask[k]) continue;
-    worst = std::max(worst, have ? prev + layers[k].bytes : layers[k].bytes);
+    worst = std::max(worst, have && !single ? prev + layers[k].bytes : layers[k].bytes);
     prev = layers[k].bytes;
     have = true;
   }
@@ -568,10 +577,11 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
   std::vector<Partition> found;
   std::set<std::vector<char>> tried;
   // Every partition worth trying for one set of resident layers.
+  const bool deep = options.read_ahead == ReadAhead::kRing;
   auto try_mask = [&](const std::vector<char>& mask) {
     std::uint64_t resident = 0;
     for (int k = 0; k < L; ++k) resident += mask[k] ? layers[k].bytes : 0;
-    if (resident > capacity || finest_pair(layers, mask) > capacity - resident) return;
+    if (resident > capacity || least_ring(layers, mask, deep) > capacity - resident) return;
     Partition dp = optimal_partition_for(layers, mask, capacity, m);
     if (options.read_ahead == ReadAhead::kPaper) {
       if (dp.feasible) found.push_back(std::move(dp));
@@ -595,7 +605,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       assemble(mask, sw, &c);
       c.ring_depth = options.read_ahead == ReadAhead::kTwoEnded ? 2 : 0;
       evaluate(layers, m, &c);  // arena_bytes first: the two-ended ring is just that
-      if (c.arena_bytes > room) continue;
+      if ((c.ring_depth == 2 ? c.arena_bytes : c.block_max) > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;
       evaluate(layers, m, &c);
       prefer_two_ended(layers, m, &c);
@@ -657,7 +667,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
         if (acc + layers[k].bytes > capacity) break;
         acc += layers[k].bytes;
         mask[k] = 1;
-        if (finest_pair(layers, mask) <= capacity - acc) best_mask = mask;
+        if (least_ring(layers, mask, deep) <= capacity - acc) best_mask = mask;
       }
       if (!best_mask.empty()) consider(std::move(best_mask));
     }

@@ -77,7 +77,13 @@ struct Partition {
   // pipeline; ring_depth 0: as many blocks as fit, 2: two at most (two-ended arena).
   std::uint64_t ring_bytes = 0;
   int ring_depth = 0;
-  std::uint64_t memory() const { return std::max(arena_bytes, ring_bytes) + resident_bytes; }
+  // The largest swapped block: all a deep ring (ring_depth 0) must hold. Where the budget has no
+  // room for a pair, the ring reads the next block once the previous one has run (no overlap
+  // there), which lets a budget keep its largest layer resident (Note [A ring of one block]).
+  std::uint64_t block_max = 0;
+  std::uint64_t memory() const {
+    return std::max(ring_depth == 0 && ring_bytes > 0 ? block_max : arena_bytes, ring_bytes) + resident_bytes;
+  }
 };
 
 // Predicted latency of one inference in the paper's pipeline (the formula above). `resident`
@@ -97,8 +103,11 @@ SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel&
 // makes `p` that (ring_depth 2, re-evaluated) and returns true.
 SWAPNET_API bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
 // A lower bound on the bytes any partition fitting `capacity` reads per inference (a relaxation:
-// a ring at least as large as the largest swapped layer, every other byte resident if it fits).
-SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity);
+// a ring at least as large as the largest swapped layer -- or, with `pairs`, each pair of
+// consecutive swapped layers, as the two-block pipelines need -- every other byte resident if
+// it fits).
+SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity,
+                                         bool pairs = false);
 // A lower bound on the steady-state latency of back-to-back inferences that ANY schedule can
 // reach in `budget` bytes (weights and activations together) with a disk reading
 // `ms_per_byte`: not only this planner's plans, but any cuts, residency, read order or
