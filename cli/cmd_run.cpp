@@ -275,10 +275,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     }
     plan_facts = {{"read_ahead", to_string(p.read_ahead)}, {"pair_bytes", p.pair_bytes},
                   {"plan_read_bytes", p.read_bytes},
-                  {"min_read_bytes",
-                   min_read_bytes(layer_costs(info, eo),
-                                  eo.budget > info.activation_bytes ? eo.budget - info.activation_bytes : 0,
-                                  eo.read_ahead == ReadAhead::kPaper || eo.device == ExecutorOptions::Device::kCUDA)}};
+                  {"min_read_bytes", min_read_bytes(info, eo)}};
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
     measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); });

@@ -41,6 +41,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -375,55 +376,52 @@ std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) 
   return planning_reserve(info, Skeleton::from_image(info, info.source), o);
 }
 
+std::uint64_t min_read_bytes(const ImageInfo& info, const ExecutorOptions& options) {
+  return min_read_bytes(layer_costs(info, options),
+                        options.budget > info.activation_bytes ? options.budget - info.activation_bytes : 0,
+                        effective_read_ahead(options) != ReadAhead::kRing);
+}
+
 ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
   ExecutionPlan p = plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
-  p.min_read_bytes = min_read_bytes(layer_costs(info, options),
-                                    options.budget > info.activation_bytes ? options.budget - info.activation_bytes : 0,
-                                    effective_read_ahead(options) != ReadAhead::kRing);
+  p.min_read_bytes = min_read_bytes(info, options);
   return p;
 }
 
 // ---- the executor -------------------------------------------------------------------------
 
+namespace {
+
+// `value` looked up in `choices` (text, value), or Error("NAME 'VALUE' is not one of a|b|c").
+template <typename T>
+T choose(const std::string& name, const std::string& value, std::initializer_list<std::pair<const char*, T>> choices) {
+  std::string all;
+  for (const auto& [text, v] : choices) {
+    if (value == text) return v;
+    all += (all.empty() ? "" : "|") + std::string(text);
+  }
+  throw Error(name + " '" + value + "' is not one of " + all);
+}
+
+}  // namespace
+
 void set_executor_option(ExecutorOptions* o, const std::string& name, const std::string& value) {
   std::string key = name.substr(name.find_first_not_of('-') == std::string::npos ? name.size() : name.find_first_not_of('-'));
   std::replace(key.begin(), key.end(), '-', '_');
-  auto refuse = [&](const char* choices) { throw Error(name + " '" + value + "' is not one of " + choices); };
+  using Planner = ExecutorOptions::Planner;
+  using Verify = ExecutorOptions::Verify;
+  using Device = ExecutorOptions::Device;
   if (key == "plan") {
-    if (value == "auto" || value == "optimal") {
-      o->planner = ExecutorOptions::Planner::kOptimal;
-      o->residency = value == "auto";
-    } else if (value == "equal") {
-      o->planner = ExecutorOptions::Planner::kEqual;
-    } else {
-      refuse("auto|optimal|equal");
-    }
+    o->planner = choose<Planner>(name, value, {{"auto", Planner::kOptimal}, {"optimal", Planner::kOptimal},
+                                               {"equal", Planner::kEqual}});
+    if (o->planner == Planner::kOptimal) o->residency = value == "auto";
   } else if (key == "read_ahead") {
-    if (value == "ring") {
-      o->read_ahead = ReadAhead::kRing;
-    } else if (value == "paper") {
-      o->read_ahead = ReadAhead::kPaper;
-    } else {
-      refuse("ring|paper");
-    }
+    o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"paper", ReadAhead::kPaper}});
   } else if (key == "verify") {
-    if (value == "first") {
-      o->verify = ExecutorOptions::Verify::kFirst;
-    } else if (value == "always") {
-      o->verify = ExecutorOptions::Verify::kAlways;
-    } else if (value == "never") {
-      o->verify = ExecutorOptions::Verify::kNever;
-    } else {
-      refuse("first|always|never");
-    }
+    o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
+                                             {"never", Verify::kNever}});
   } else if (key == "device") {
-    if (value == "cpu") {
-      o->device = ExecutorOptions::Device::kCPU;
-    } else if (value == "cuda") {
-      o->device = ExecutorOptions::Device::kCUDA;
-    } else {
-      refuse("cpu|cuda");
-    }
+    o->device = choose<Device>(name, value, {{"cpu", Device::kCPU}, {"cuda", Device::kCUDA}});
   } else {
     throw Error("unknown executor option '" + name + "' (plan, read-ahead, verify, device)");
   }

@@ -267,6 +267,9 @@ SWAPNET_API std::vector<LayerCost> layer_costs(const ImageInfo& info, const Exec
 // The smallest budget any partition of the image can run in: the two largest adjacent layers,
 // plus activations and pinned slots.
 SWAPNET_API std::uint64_t min_budget(const ImageInfo& info);
+// No plan these options may run reads fewer bytes per inference in their budget (partitioner's
+// min_read_bytes over the budget less activations; pairs for the two-block pipelines).
+SWAPNET_API std::uint64_t min_read_bytes(const ImageInfo& info, const ExecutorOptions& options);
 // Plans blocks for a budget (throws Error stating the minimum when the budget is too small, or
 // when a given partition does not fit).
 SWAPNET_API ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options);
