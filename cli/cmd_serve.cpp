@@ -11,7 +11,12 @@
 // "period_ms" (open-loop arrivals at that period: a request arrives whether or not the last one
 // is done), "jitter_ms" (each arrival moved by up to that much, uniformly), "slo_ms" (deadline
 // after arrival). Results add slo_met (fraction of requests with a deadline finished by it;
-// dropped ones count as missed), dropped, and latency p99.
+// dropped ones count as missed), dropped, and latency p99. "scheduler": "heft" is Band's HEFT.
+// Periodic model groups (Puzzle): "groups": [{"name": "perception", "models": ["yolov3", "resnet101"],
+// "period_ms": 600, "jitter_ms": 30, "slo_ms": 600}] feed every member the same frame at the
+// group's period (deadline default: the period); results add per group the makespan, QoE and
+// XRBench-style score (Note [Group makespan and score]). --period-scale and --slo-scale multiply
+// every period and every deadline (the load and deadline sweeps).
 // A budget is a size ("843MiB", bytes) or a percentage of the models' total size (weights +
 // activations, as their images record). Relative image paths are looked up next to the
 // scenario file, then in --models (default $SWAPNET_MODELS, else .cache/models).
@@ -55,6 +60,17 @@ struct ScenarioModel {
   double period_ms = 0;  // > 0: open-loop arrivals
   double jitter_ms = 0;
   double slo_ms = 0;     // 0: no deadline
+  int group = -1;        // index into Scenario::groups; -1: none
+};
+
+// Puzzle's periodic model group: every member gets the same frame at one period; a frame's
+// makespan is its arrival to the last member's answer.
+struct ScenarioGroup {
+  std::string name;
+  std::vector<int> members;  // indices into Scenario::models
+  double period_ms = 0;
+  double jitter_ms = 0;
+  double slo_ms = 0;  // the frame's deadline after arrival (default: the period, as in Puzzle)
 };
 
 struct Scenario {
@@ -66,6 +82,7 @@ struct Scenario {
   double duration_s = 10;
   std::vector<ScenarioModel> models;
   std::vector<std::pair<double, std::string>> schedule;  // (at_s, budget)
+  std::vector<ScenarioGroup> groups;
 };
 
 bool exists(const std::string& p) {
@@ -86,10 +103,10 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   auto field = [&](const std::string& where) { return path + ": field '" + where + "'"; };
   if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
   static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
-                                              "schedule", "description", "scheduler", "workers"};
+                                              "schedule", "description", "scheduler", "workers", "groups"};
   for (const auto& [k, v] : j.items()) {
     if (!known.count(k)) throw Error(field(k) + " is not a scenario field (" + "name, description, total_budget, policy, "
-                                     "scheduler, workers, duration_s, models, schedule)");
+                                     "scheduler, workers, duration_s, models, groups, schedule)");
   }
   Scenario s;
   try {
@@ -172,6 +189,60 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     }
     s.models.push_back(std::move(sm));
   }
+  if (j.contains("groups")) {
+    if (!j["groups"].is_array()) throw Error(field("groups") + " must be an array of {name, models, period_ms}");
+    static const std::set<std::string> group_keys = {"name", "models", "period_ms", "jitter_ms", "slo_ms"};
+    for (size_t g = 0; g < j["groups"].size(); ++g) {
+      const json& e = j["groups"][g];
+      const std::string at = "groups[" + std::to_string(g) + "]";
+      if (!e.is_object()) throw Error(field(at) + " must be an object");
+      for (const auto& [k, v] : e.items()) {
+        if (!group_keys.count(k)) throw Error(field(at + "." + k) + " is not a group field (name, models, period_ms, jitter_ms, slo_ms)");
+      }
+      ScenarioGroup sg;
+      try {
+        sg.name = e.value("name", "group" + std::to_string(g));
+        if (!e.contains("period_ms") || !e["period_ms"].is_number() || !(e["period_ms"].get<double>() > 0)) {
+          throw Error(field(at + ".period_ms") + " must be a number > 0 (the group's frames arrive at that period)");
+        }
+        sg.period_ms = e["period_ms"].get<double>();
+        sg.jitter_ms = e.value("jitter_ms", 0.0);
+        sg.slo_ms = e.value("slo_ms", sg.period_ms);
+        if (sg.jitter_ms < 0 || sg.jitter_ms >= sg.period_ms) {
+          throw Error(field(at + ".jitter_ms") + ": " + std::to_string(sg.jitter_ms) + " must be >= 0 and below period_ms");
+        }
+        if (!(sg.slo_ms > 0)) throw Error(field(at + ".slo_ms") + " must be > 0 (default: period_ms)");
+        if (!e.contains("models") || !e["models"].is_array() || e["models"].empty()) {
+          throw Error(field(at + ".models") + " must be a non-empty array of model names");
+        }
+        for (const auto& name : e["models"].get<std::vector<std::string>>()) {
+          int found = -1;
+          for (size_t i = 0; i < s.models.size(); ++i) {
+            if (s.models[i].rt.name == name) found = static_cast<int>(i);
+          }
+          if (found < 0) throw Error(field(at + ".models") + ": '" + name + "' is not a model of the scenario");
+          ScenarioModel& m = s.models[static_cast<size_t>(found)];
+          if (m.group >= 0) {
+            throw Error(field(at + ".models") + ": '" + name + "' is already in group '" +
+                        s.groups[static_cast<size_t>(m.group)].name + "'");
+          }
+          if (m.period_ms > 0 || m.rate_hz > 0 || m.slo_ms > 0) {
+            throw Error(field(at + ".models") + ": '" + name +
+                        "' has its own period_ms, rate_hz or slo_ms; a group member takes the group's");
+          }
+          m.group = static_cast<int>(g);
+          m.slo_ms = sg.slo_ms;
+          sg.members.push_back(found);
+        }
+      } catch (const json::exception& x) {
+        throw Error(field(at) + ": " + x.what());
+      }
+      for (const auto& other : s.groups) {
+        if (other.name == sg.name) throw Error(field(at + ".name") + ": '" + sg.name + "' is used twice");
+      }
+      s.groups.push_back(std::move(sg));
+    }
+  }
   if (j.contains("schedule")) {
     if (!j["schedule"].is_array()) throw Error(field("schedule") + " must be an array of {at_s, budget}");
     for (size_t i = 0; i < j["schedule"].size(); ++i) {
@@ -208,6 +279,50 @@ std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const s
   }
 }
 
+// Note [Group makespan and score]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Puzzle (puzzle.txt, Section 6.2) scores periodic model groups with XRBench's terms. A frame's
+// makespan is the last member's finish minus the first member's start; we start the clock at the
+// frame's arrival (the request), so queueing counts, as a camera's consumer sees it. A frame
+// with a member dropped, failed or unanswered has no makespan (it counts as missed, RtScore 0).
+//   QoE      = frames whose makespan <= the deadline / frames
+//   RtScore  = 1 / (1 + exp(k (makespan - deadline))), k = 15 per millisecond (Puzzle's k with
+//              times in ms: 1 well before the deadline, 0.5 at it, ~0 a millisecond after)
+//   score    = mean RtScore * QoE, per group; the scenario's score is the mean over groups.
+struct GroupScore {
+  std::uint64_t frames = 0, complete = 0;
+  double median_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0;
+  double qoe = 0, rt_score = 0, score = 0;
+};
+template <typename Frames>
+GroupScore group_score(const Frames& frames, double deadline_ms) {
+  GroupScore g;
+  std::vector<double> spans;
+  double rt = 0, met = 0;
+  for (const auto& f : frames) {
+    ++g.frames;
+    if (!f.ok || f.pending > 0) continue;
+    ++g.complete;
+    spans.push_back(f.last_ms);
+    met += f.last_ms <= deadline_ms ? 1 : 0;
+    rt += 1.0 / (1.0 + std::exp(std::min(50.0, 15.0 * (f.last_ms - deadline_ms))));
+  }
+  if (!spans.empty()) {
+    g.median_ms = percentile(spans, 0.5);
+    g.p90_ms = percentile(spans, 0.9);
+    g.p99_ms = percentile(spans, 0.99);
+    double sum = 0;
+    for (double x : spans) sum += x;
+    g.mean_ms = sum / static_cast<double>(spans.size());
+  }
+  if (g.frames > 0) {
+    g.qoe = met / static_cast<double>(g.frames);
+    g.rt_score = rt / static_cast<double>(g.frames);
+    g.score = g.rt_score * g.qoe;
+  }
+  return g;
+}
+
 std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted.store(true); }
 
@@ -230,6 +345,18 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   if (!o.scheduler.empty()) s.scheduler = o.scheduler;
   if (s.scheduler != "threads") (void)make_dispatch_policy(s.scheduler);
   if (!o.budget.empty()) s.total = o.budget;
+  if (!(o.period_scale > 0) || !(o.slo_scale > 0)) throw Error("--period-scale and --slo-scale must be > 0");
+  for (auto& m : s.models) {  // the load and deadline sweeps (bench/scheduler_sweep.sh)
+    m.period_ms *= o.period_scale;
+    m.jitter_ms *= o.period_scale;
+    m.rate_hz /= o.period_scale;
+    m.slo_ms *= o.slo_scale;
+  }
+  for (auto& g : s.groups) {
+    g.period_ms *= o.period_scale;
+    g.jitter_ms *= o.period_scale;
+    g.slo_ms *= o.slo_scale;
+  }
   (void)make_policy(s.policy);  // refuse a bad name before opening anything
 
   // Sizes as the images record them: the base of percentages, and each model's input.
@@ -337,73 +464,128 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
       max_diff[i] = std::max(max_diff[i], cmp.max_abs_diff);
     }
   };
+  // Open loop: a stream's frames arrive at its period whatever the state of earlier requests,
+  // each to every model of the stream (one model, or a group's members); per model a collector
+  // takes the answers in order.
+  struct Pending {
+    std::future<c10::IValue> f;
+    Clock::time_point arrival;
+    size_t frame = 0;  // in its group's frames (members of a group)
+  };
+  struct Inbox {
+    std::deque<Pending> q;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool closed = false;
+  };
+  struct Frame {
+    int pending = 0;      // members not answered yet
+    bool ok = true;       // every member answered (not dropped, failed or unanswered)
+    double last_ms = 0;   // the last member's answer after the frame's arrival
+  };
+  std::vector<std::deque<Frame>> frames(s.groups.size());  // under mu
+  std::vector<std::unique_ptr<Inbox>> inbox(n);
+  struct Stream {
+    std::vector<int> members;
+    double period_ms, jitter_ms, slo_ms;
+    int group;
+  };
+  std::vector<Stream> streams;
   for (int i = 0; i < n; ++i) {
-    if (s.models[i].period_ms > 0) {
-      // Open loop: arrivals at the period whatever the state of earlier requests; a collector
-      // takes the answers in order.
-      struct Pending {
-        std::future<c10::IValue> f;
-        Clock::time_point arrival;
-      };
-      auto q = std::make_shared<std::deque<Pending>>();
-      auto qmu = std::make_shared<std::mutex>();
-      auto qcv = std::make_shared<std::condition_variable>();
-      auto arrivals_done = std::make_shared<std::atomic<bool>>(false);
-      clients.emplace_back([&, i, q, qmu, qcv, arrivals_done] {
-        c10::InferenceMode guard;
-        std::mt19937 rng(1234 + i);
-        const ScenarioModel& sm = s.models[i];
-        auto us = [](double ms) { return std::chrono::microseconds(static_cast<long long>(ms * 1000)); };
-        auto tick = Clock::now();
-        while (!done.load()) {
-          const double jitter = sm.jitter_ms > 0 ? std::uniform_real_distribution<double>(-sm.jitter_ms, sm.jitter_ms)(rng) : 0;
-          std::this_thread::sleep_until(tick + us(std::max(0.0, jitter)));
-          tick += us(sm.period_ms);
-          if (done.load()) break;
-          const auto arrival = Clock::now();
-          const auto deadline = sm.slo_ms > 0 ? arrival + us(sm.slo_ms) : Clock::time_point{};
-          Pending p{rt->submit(i, clone_inputs(inputs[i]), deadline), arrival};
-          {
-            std::lock_guard<std::mutex> lk(*qmu);
-            q->push_back(std::move(p));
-            ++sent[i];
-          }
-          qcv->notify_one();
+    if (s.models[i].period_ms > 0) streams.push_back({{i}, s.models[i].period_ms, s.models[i].jitter_ms, s.models[i].slo_ms, -1});
+  }
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    const ScenarioGroup& sg = s.groups[g];
+    streams.push_back({sg.members, sg.period_ms, sg.jitter_ms, sg.slo_ms, static_cast<int>(g)});
+  }
+  for (size_t k = 0; k < streams.size(); ++k) {
+    for (int i : streams[k].members) inbox[i] = std::make_unique<Inbox>();
+    clients.emplace_back([&, k] {
+      c10::InferenceMode guard;
+      const Stream& st = streams[k];
+      std::mt19937 rng(1234 + st.members.front() + 1000 * (st.group + 1));
+      auto us = [](double ms) { return std::chrono::microseconds(static_cast<long long>(ms * 1000)); };
+      auto tick = Clock::now();
+      while (!done.load()) {
+        const double jitter = st.jitter_ms > 0 ? std::uniform_real_distribution<double>(-st.jitter_ms, st.jitter_ms)(rng) : 0;
+        std::this_thread::sleep_until(tick + us(std::max(0.0, jitter)));
+        tick += us(st.period_ms);
+        if (done.load()) break;
+        const auto arrival = Clock::now();
+        const auto deadline = st.slo_ms > 0 ? arrival + us(st.slo_ms) : Clock::time_point{};
+        size_t frame = 0;
+        if (st.group >= 0) {
+          std::lock_guard<std::mutex> lk(mu);
+          frame = frames[static_cast<size_t>(st.group)].size();
+          frames[static_cast<size_t>(st.group)].push_back({static_cast<int>(st.members.size()), true, 0});
         }
-        arrivals_done->store(true);
-        qcv->notify_one();
-      });
-      clients.emplace_back([&, i, q, qmu, qcv, arrivals_done] {
+        for (int i : st.members) {
+          Pending p{rt->submit(i, clone_inputs(inputs[i]), deadline), arrival, frame};
+          {
+            std::lock_guard<std::mutex> lk(inbox[i]->mu);
+            inbox[i]->q.push_back(std::move(p));
+            ++sent[i];  // this stream's thread is the only writer
+          }
+          inbox[i]->cv.notify_one();
+        }
+      }
+      for (int i : st.members) {
+        {
+          std::lock_guard<std::mutex> lk(inbox[i]->mu);
+          inbox[i]->closed = true;
+        }
+        inbox[i]->cv.notify_one();
+      }
+    });
+  }
+  for (int i = 0; i < n; ++i) {
+    if (inbox[i]) {
+      clients.emplace_back([&, i] {
         c10::InferenceMode guard;
+        Inbox& box = *inbox[i];
+        const int group = s.models[i].group;
+        // A group member's answer (or its absence) in its frame, under mu.
+        auto settle = [&](size_t frame, bool ok, double ms) {
+          if (group < 0) return;
+          Frame& f = frames[static_cast<size_t>(group)][frame];
+          --f.pending;
+          f.ok &= ok;
+          f.last_ms = std::max(f.last_ms, ms);
+        };
         while (true) {
           Pending p;
           {
-            std::unique_lock<std::mutex> lk(*qmu);
-            qcv->wait(lk, [&] { return !q->empty() || arrivals_done->load(); });
-            if (q->empty()) break;
-            p = std::move(q->front());
-            q->pop_front();
+            std::unique_lock<std::mutex> lk(box.mu);
+            box.cv.wait(lk, [&] { return !box.q.empty() || box.closed; });
+            if (box.q.empty()) break;
+            p = std::move(box.q.front());
+            box.q.pop_front();
           }
           // After the run, a request still queued is given 2 s, then counted as unanswered
           // (a miss when it has a deadline).
           if (done.load() && p.f.wait_until(grace_end()) != std::future_status::ready) {
             std::lock_guard<std::mutex> lk(mu);
             ++unanswered[i];
+            settle(p.frame, false, 0);
             continue;
           }
           try {
             c10::IValue out = p.f.get();
-            record(i, std::move(out), ms_since(p.arrival));
+            const double ms = ms_since(p.arrival);
+            record(i, std::move(out), ms);
+            std::lock_guard<std::mutex> lk(mu);
+            settle(p.frame, true, ms);
           } catch (const std::exception& e) {
-            if (std::string(e.what()).find(": dropped: ") != std::string::npos) {
-              std::lock_guard<std::mutex> lk(mu);
-              ++dropped[i];
-            }
+            std::lock_guard<std::mutex> lk(mu);
+            if (std::string(e.what()).find(": dropped: ") != std::string::npos) ++dropped[i];
+            settle(p.frame, false, 0);
           }
         }
       });
-      continue;
     }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (inbox[i]) continue;
     clients.emplace_back([&, i] {
       c10::InferenceMode guard;
       const double period_ms = s.models[i].rate_hz > 0 ? 1000.0 / s.models[i].rate_hz : 0;
@@ -482,7 +664,9 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"peak_model_bytes", m.peak_model_bytes},
                {"over_budget", m.over_budget},
                {"latency_ms", {{"median", median(lat[i])}, {"p90", percentile(lat[i], 0.9)}, {"p99", percentile(lat[i], 0.99)}}},
-               {"period_ms", s.models[i].period_ms},
+               {"period_ms", s.models[i].group >= 0 ? s.groups[static_cast<size_t>(s.models[i].group)].period_ms
+                                                     : s.models[i].period_ms},
+               {"group", s.models[i].group >= 0 ? json(s.groups[static_cast<size_t>(s.models[i].group)].name) : json(nullptr)},
                {"slo_ms", s.models[i].slo_ms},
                {"slo_met", m.deadline_requests + (s.models[i].slo_ms > 0 ? unanswered[i] : 0)
                                ? json(double(m.deadline_met) /
@@ -521,6 +705,21 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     }
     j["slo_met"] = asked ? json(double(met) / double(asked)) : json(nullptr);
   }
+  // Puzzle's periodic groups (Note [Group makespan and score]).
+  j["groups"] = json::array();
+  double score_sum = 0;
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    const ScenarioGroup& sg = s.groups[g];
+    const GroupScore gs = group_score(frames[g], sg.slo_ms);
+    json members = json::array();
+    for (int i : sg.members) members.push_back(st[i].name);
+    j["groups"].push_back({{"name", sg.name}, {"models", members}, {"period_ms", sg.period_ms}, {"slo_ms", sg.slo_ms},
+                           {"frames", gs.frames}, {"complete", gs.complete},
+                           {"makespan_ms", {{"median", gs.median_ms}, {"p90", gs.p90_ms}, {"p99", gs.p99_ms}, {"mean", gs.mean_ms}}},
+                           {"qoe", gs.qoe}, {"rt_score", gs.rt_score}, {"score", gs.score}});
+    score_sum += gs.score;
+  }
+  j["score"] = s.groups.empty() ? json(nullptr) : json(score_sum / static_cast<double>(s.groups.size()));
   j["adaptations"] = json::array();
   for (const auto& a : rt->adaptations()) {
     j["adaptations"].push_back({{"at_s", a.at_s}, {"budget_bytes", a.budget_bytes}, {"budgets", a.budgets},
@@ -556,6 +755,14 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                     static_cast<unsigned long long>(mj["dropped"].get<std::uint64_t>()));
       }
       std::printf("\n");
+    }
+    for (const auto& gj : j["groups"]) {
+      std::printf("group %s: %llu frames, makespan median %.1f ms p90 %.1f ms (period %.0f ms, deadline %.0f ms), "
+                  "QoE %.3f, score %.3f\n",
+                  gj["name"].get<std::string>().c_str(), static_cast<unsigned long long>(gj["frames"].get<std::uint64_t>()),
+                  gj["makespan_ms"]["median"].get<double>(), gj["makespan_ms"]["p90"].get<double>(),
+                  gj["period_ms"].get<double>(), gj["slo_ms"].get<double>(), gj["qoe"].get<double>(),
+                  gj["score"].get<double>());
     }
     for (const auto& a : j["adaptations"]) {
       std::printf("at %.1f s: budget %s, planned in %.3f ms, in effect after %.1f ms: %s\n", a["at_s"].get<double>(),

@@ -110,7 +110,7 @@ double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t
 struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
-  std::string scheduler;      // --scheduler threads|fifo|rr|sel|lst: overrides the scenario's
+  std::string scheduler;      // --scheduler threads|fifo|rr|sel|lst|heft: overrides the scenario's
   std::string budget;         // --budget: overrides the scenario's total (size or N%)
   std::string socket;         // --socket PATH for `swapnet ctl` (default default_control_path(); "none")
   std::string budget_source;  // --budget-source file:PATH | meminfo:RESERVE | cgroup:PATH
@@ -119,6 +119,8 @@ struct ServeOptions {
   std::string models_dir;     // --models DIR for relative image paths
   std::string profile;        // --profile FILE
   bool check = true;          // compare every output with direct inference (--no-check: off)
+  double period_scale = 1;    // --period-scale: every period (and jitter) times this; deadlines stay
+  double slo_scale = 1;       // --slo-scale: every deadline times this
 };
 int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
 int ctl(const std::vector<std::string>& words, const std::string& socket);

@@ -136,11 +136,17 @@ int main(int argc, char** argv) {
   serve->add_option("--duration", so.duration_s, "seconds to serve (overrides the scenario's duration_s)");
   serve->add_option("--policy", so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
   serve->add_option("--scheduler", so.scheduler,
-                    "which block runs next: threads (a thread per model) | fifo | rr | sel | lst (overrides the scenario's)");
+                    "which block runs next: threads (a thread per model) | fifo | rr | sel | lst | heft (overrides the scenario's)");
   serve->add_option("--budget", so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
   serve->add_option("--socket", so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
   serve->add_option("--budget-source", so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");
   serve->add_option("--poll-ms", so.poll_ms, "budget source polling period (default 50)");
+  serve->add_option("--period-scale", so.period_scale,
+                    "multiply every period (models' and groups', and their jitter; rate_hz divided): the load "
+                    "sweep; deadlines stay")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--slo-scale", so.slo_scale, "multiply every deadline (slo_ms of models and groups)")
+      ->check(CLI::PositiveNumber);
   serve->add_option("--timeline", so.timeline, "write every request (time, model, latency, total budget) as CSV");
   serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
   serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");

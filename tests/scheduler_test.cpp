@@ -241,6 +241,36 @@ TEST(Dispatch, LeastSlackFirstAndEarlyDrop) {
   EXPECT_EQ(d.drop, (std::vector<int>{0, 1}));
 }
 
+TEST(Dispatch, HeftRunsTheLatestFinishFirstAndReservesTheNextBlock) {
+  auto p = make_dispatch_policy("heft", 1);
+  auto with_then = [](DispatchCandidate c, double then) {
+    c.then_ms = then;
+    return c;
+  };
+  // No reservations yet: the job expected to finish last (largest remaining) goes first, deadlines
+  // or not; ties go to the first arrival.
+  EXPECT_EQ(p->pick({job(0, 0, 0, 30), job(1, 5, 0, 100), job(2, 1, 0, 20)}, 10).pick, 1);
+  EXPECT_EQ(p->pick({job(0, 7, 0, 40), job(1, 5, 0, 40)}, 10).pick, 1);
+  // Model 0 takes a block and reserves 30 ms (the block after it).
+  DispatchDecision d = p->pick({with_then(job(0, 0, 0, 90, 10), 30)}, 10);
+  EXPECT_EQ(d.pick, 0);
+  EXPECT_TRUE(d.drop.empty());
+  // Model 0's reservation delays the others but not itself: model 1 (60 + 30 = 90) finishes after
+  // model 0 (80 left of its own work) and goes first, where without it model 0 (80 > 60) would.
+  EXPECT_EQ(p->pick({job(0, 0, 0, 80, 30), with_then(job(1, 3, 0, 60, 20), 0)}, 20).pick, 1);
+  // With two workers the reserved work is spread over both.
+  auto two = make_dispatch_policy("heft", 2);
+  EXPECT_EQ(two->pick({with_then(job(0, 0, 0, 90, 10), 30)}, 0).pick, 0);
+  // 60 + 30 / 2 = 75 < 80: model 0 goes first on two workers, model 1 on one.
+  EXPECT_EQ(two->pick({job(0, 0, 0, 80, 30), job(1, 3, 0, 60, 20)}, 20).pick, 0);
+  auto one = make_dispatch_policy("heft", 1);
+  EXPECT_EQ(one->pick({with_then(job(0, 0, 0, 90, 10), 30)}, 0).pick, 0);
+  EXPECT_EQ(one->pick({job(0, 0, 0, 80, 30), job(1, 3, 0, 60, 20)}, 20).pick, 1);
+  // A job granted its last block (then 0) gives its reservation up.
+  EXPECT_EQ(one->pick({job(0, 0, 0, 30, 30)}, 30).pick, 0);
+  EXPECT_EQ(one->pick({job(0, 0, 0, 80, 30), job(1, 3, 0, 60, 20)}, 40).pick, 0);
+}
+
 TEST(Dispatch, UnknownSchedulerIsNamed) {
   const std::string e = error_of([] { make_dispatch_policy("edf2"); });
   EXPECT_NE(e.find("scheduler 'edf2' is not one of threads, fifo, rr, sel, lst"), std::string::npos) << e;

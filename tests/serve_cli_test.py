@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """`swapnet serve` and `swapnet ctl` end to end on two small models: a short scenario with a
 budget schedule runs (every output bit-identical to direct inference, no model over its budget,
-each change in effect, the --json fields the issue names, a --timeline CSV); `ctl budget` moves a
+each change in effect, the --json fields the issue names, a --timeline CSV); deadlines under lst;
+a periodic group under heft (makespan, QoE and score; --slo-scale, --period-scale); `ctl budget` moves a
 running serve and `ctl status` reports it; malformed scenarios are refused naming the field;
 a scenario whose minimums do not fit is refused with the numbers.
 
@@ -81,6 +82,41 @@ def main() -> int:
         expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), "slo run outputs and budgets")
         expect(j["dispatch_us"] > 0, "dispatch time measured")
 
+    # A periodic group (Puzzle): both models get every frame; makespan, QoE and score per group,
+    # under Band's HEFT. The deadline generous, then impossible (--slo-scale), then half the load.
+    path = scenario("group", scheduler="heft", workers=1, duration_s=4,
+                    models=[{"name": "r18", "image": "resnet18.swapnet"}, {"name": "mv2", "image": "mobilenet_v2.swapnet"}],
+                    groups=[{"name": "cam", "models": ["r18", "mv2"], "period_ms": 100, "slo_ms": 1500}])
+    frames = {}
+    for tag, extra in (("generous", []), ("impossible", ["--slo-scale", "0.0005"]), ("half load", ["--period-scale", "2"])):
+        rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", *extra)
+        expect(rc == 0, f"serve group {tag} exit {rc}: {err}")
+        if rc != 0:
+            continue
+        j = json.loads(out)
+        g = j["groups"][0] if j.get("groups") else {}
+        expect(g.get("name") == "cam" and g.get("models") == ["r18", "mv2"], f"group {tag}: {g}")
+        if not g:
+            continue
+        frames[tag] = g["frames"]
+        expect(j["scheduler"] == "heft", f"group {tag}: scheduler {j['scheduler']}")
+        expect(0 < g["complete"] <= g["frames"], f"group {tag}: {g['complete']} of {g['frames']} frames complete")
+        expect(all(m["group"] == "cam" and m["equal"] and m["over_budget"] == 0 for m in j["models"]),
+               f"group {tag}: members' outputs and budgets")
+        # A frame's makespan is at least each member's latency: the median makespan is at least
+        # the larger median latency.
+        expect(g["makespan_ms"]["median"] >= max(m["latency_ms"]["median"] for m in j["models"]) - 1e-6,
+               f"group {tag}: makespan {g['makespan_ms']} below a member's latency")
+        expect(0 <= g["score"] <= g["qoe"] <= 1 and j["score"] == g["score"], f"group {tag}: qoe {g['qoe']} score {g['score']}")
+        if tag == "generous":
+            expect(g["qoe"] >= 0.8 and g["score"] >= 0.75, f"group: a 1.5 s deadline at 100 ms frames: qoe {g['qoe']} score {g['score']}")
+        if tag == "impossible":
+            expect(g["qoe"] == 0 and g["score"] < 0.01, f"group: a 0.75 ms deadline cannot be met: qoe {g['qoe']} score {g['score']}")
+        print(json.dumps({"group": tag, **{k: g[k] for k in ("frames", "complete", "makespan_ms", "qoe", "score")}}))
+    if "generous" in frames and "half load" in frames:
+        # ~40 frames in 4 s at 100 ms, ~20 at 200 ms.
+        expect(30 <= frames["generous"] <= 44 and 15 <= frames["half load"] <= 24, f"group frames vs period: {frames}")
+
     # ctl against a running serve.
     sock = os.path.join(work, "ctl", "serve.sock")
     path = scenario("ctl", duration_s=6)
@@ -122,6 +158,14 @@ def main() -> int:
         "jitter": ({"models": [{"image": "resnet18.swapnet", "period_ms": 10, "jitter_ms": 10}]},
                    "field 'models[0].jitter_ms': 10.000000 must be >= 0 and below period_ms"),
         "workers": ({"workers": 0}, "field 'workers': 0 must be >= 1"),
+        "groupmodel": ({"groups": [{"models": ["r18", "yolo"], "period_ms": 50}]},
+                       "field 'groups[0].models': 'yolo' is not a model of the scenario"),
+        "groupperiod": ({"groups": [{"models": ["r18"]}]}, "field 'groups[0].period_ms' must be a number > 0"),
+        "grouptwice": ({"groups": [{"models": ["r18"], "period_ms": 50}, {"name": "b", "models": ["r18"], "period_ms": 50}]},
+                       "field 'groups[1].models': 'r18' is already in group 'group0'"),
+        "groupown": ({"models": [{"name": "r18", "image": "resnet18.swapnet", "period_ms": 30}],
+                      "groups": [{"models": ["r18"], "period_ms": 50}]},
+                     "'r18' has its own period_ms, rate_hz or slo_ms; a group member takes the group's"),
         "cannotfit": ({"total_budget": "1MiB"}, "the scenario cannot fit: the models' minimum budgets sum to"),
     }
     for name, (fields, message) in bad.items():
@@ -129,6 +173,8 @@ def main() -> int:
         expect(rc == 2 and message in err, f"{name}: exit {rc}, {err.strip()!r} lacks {message!r}")
     with open(os.path.join(work, "broken.json"), "w") as f:
         f.write("{\"models\": [")
+    rc, out, err = run(cli, "serve", scenario("scale"), "--period-scale", "0", "--socket", "none")
+    expect(rc != 0 and "--period-scale" in err, f"--period-scale 0: {rc} {err.strip()!r}")
     rc, out, err = run(cli, "serve", os.path.join(work, "broken.json"))
     expect(rc == 2 and "broken.json: not valid JSON" in err, f"broken JSON: {err!r}")
     return checks.exit_status("serve")

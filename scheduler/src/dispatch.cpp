@@ -9,8 +9,21 @@
 // EWMAs (seeded from the cost model: execution, or the read when it is longer), its slack is
 // deadline - now - remaining. With one kind of worker (the CPU here), Band's DP over units and
 // processors has nothing to choose among, so what remains of it is the order: which block next.
+//
+// Note [HEFT on identical workers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Band's HEFT (mrsnu/band, heterogeneous_earliest_finish_time_scheduler.cc) looks at the jobs
+// waiting, computes for each the least expected finish time over the processors, counting each
+// processor's queue and the *reservations* other jobs hold on it (a job granted a subgraph
+// reserves its next one), and dispatches the job whose least finish time is the *largest*: the
+// job most at risk of finishing late goes first. It neither drops nor looks at deadlines.
+// With `workers` identical workers there is one choice of processor, so a job's expected finish
+// is the others' reserved work spread over the workers plus its own remaining time; the largest
+// goes first (ties: first come). A job granted a block reserves the block after it (`then_ms`)
+// until it is granted again; its own reservation never delays itself.
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "swapnet/scheduler.h"
 
@@ -92,14 +105,49 @@ class LeastSlack : public DispatchPolicy {
   }
 };
 
+// Heterogeneous earliest finish time with reservation (Note [HEFT on identical workers]).
+class Heft : public DispatchPolicy {
+ public:
+  explicit Heft(int workers) : workers_(std::max(1, workers)) {}
+  std::string name() const override { return "heft"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double) override {
+    DispatchDecision d;
+    double reserved = 0;
+    for (const auto& [model, ms] : reserved_) reserved += ms;
+    double best = -1;
+    for (size_t i = 0; i < w.size(); ++i) {
+      auto own = reserved_.find(w[i].model);
+      const double others = reserved - (own == reserved_.end() ? 0.0 : own->second);
+      const double finish = others / workers_ + w[i].remaining_ms;
+      if (d.pick < 0 || finish > best ||
+          (finish == best && w[i].arrival_ms < w[static_cast<size_t>(d.pick)].arrival_ms)) {
+        d.pick = static_cast<int>(i);
+        best = finish;
+      }
+    }
+    const DispatchCandidate& c = w[static_cast<size_t>(d.pick)];
+    if (c.then_ms > 0) {
+      reserved_[c.model] = c.then_ms;
+    } else {
+      reserved_.erase(c.model);
+    }
+    return d;
+  }
+
+ private:
+  int workers_;
+  std::map<int, double> reserved_;  // model -> expected time of the block it will ask for next
+};
+
 }  // namespace
 
-std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name) {
+std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers) {
   if (name == "fifo") return std::make_unique<Fifo>();
   if (name == "rr") return std::make_unique<RoundRobin>();
   if (name == "sel") return std::make_unique<ShortestExpected>();
   if (name == "lst") return std::make_unique<LeastSlack>();
-  throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst");
+  if (name == "heft") return std::make_unique<Heft>(workers);
+  throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst, heft");
 }
 
 }  // namespace swapnet

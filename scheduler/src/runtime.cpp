@@ -94,18 +94,25 @@ struct Worker {
     }
     return e;
   }
-  // Under the runtime's lock, between steps: the next block's and the rest's expected times.
-  std::pair<double, double> expected() {
+  // Under the runtime's lock, between steps: the expected times of the next block, of the rest
+  // (next block included) and of the block after the next (0: none).
+  struct Expected {
+    double next = 0, rest = 0, then = 0;
+  };
+  Expected expected() {
     const ExecutionPlan& p = exec->plan();
     const int next = exec->in_inference() ? exec->next_layer() : 0;
-    double first = -1, rest = 0;
+    Expected e;
+    int seen = 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
       const double ms = block_estimate(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0).value;
-      if (first < 0) first = ms;
-      rest += ms;
+      if (seen == 0) e.next = ms;
+      if (seen == 1) e.then = ms;
+      ++seen;
+      e.rest += ms;
     }
-    return {std::max(first, 0.0), rest};
+    return e;
   }
   // The plan's block the next step runs (-1: none left).
   int next_block() const {
@@ -180,10 +187,10 @@ struct Runtime::Impl {
     Worker& x = *w[i];
     lk.lock();
     while (true) {
-      const auto [next_ms, rest_ms] = x.expected();
+      const Worker::Expected e = x.expected();
       x.cand = DispatchCandidate{static_cast<int>(i), ms_between(t0, r.arrival),
                                  r.deadline == Clock::time_point{} ? 0.0 : std::max(1e-3, ms_between(t0, r.deadline)),
-                                 next_ms, rest_ms};
+                                 e.next, e.rest, e.then};
       x.grant = Grant::kNone;
       x.waiting = true;
       dispatch_locked();
@@ -501,7 +508,7 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   Impl& m = *impl;
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
   if (options.scheduler != "threads") {
-    m.dispatch = make_dispatch_policy(options.scheduler);
+    m.dispatch = make_dispatch_policy(options.scheduler, options.workers);
     if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
     m.free_workers = options.workers;
   }

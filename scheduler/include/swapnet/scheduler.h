@@ -85,6 +85,7 @@ struct DispatchCandidate {
   double deadline_ms = 0;   // absolute, same clock; 0: none
   double next_ms = 0;       // expected time of its next block
   double remaining_ms = 0;  // expected time of the rest of its inference, next block included
+  double then_ms = 0;       // expected time of the block after the next one (0: none)
 };
 
 struct DispatchDecision {
@@ -102,9 +103,11 @@ class SWAPNET_API DispatchPolicy {
 // "fifo" (earliest arrival), "rr" (round robin over models, a block each), "sel" (shortest
 // expected remaining latency), "lst" (least slack: deadline - now - remaining; a request whose
 // slack is negative is dropped, Band's early drop; requests without a deadline come after those
-// with one, first come first served). Throws Error naming the choices ("threads" is not a
-// policy: it is the Runtime without a central scheduler).
-SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name);
+// with one, first come first served), "heft" (Band's heterogeneous earliest finish time with
+// reservation, on `workers` identical workers: the job expected to finish last goes first, each
+// job granted a block reserving its next one; Note [HEFT on identical workers]). Throws Error
+// naming the choices ("threads" is not a policy: it is the Runtime without a central scheduler).
+SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers = 1);
 
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
 struct Ewma {
