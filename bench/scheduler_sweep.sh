@@ -8,14 +8,17 @@
 # (self_driving_groups.json, Puzzle's makespan / QoE / score) under every scheduler at host speed.
 #   bench/scheduler_sweep.sh [--duration S] [--rounds N] [--schedulers "threads fifo rr sel lst heft"]
 #                            [--period-scales "2 1 0.5"] [--slo-scales "0.5 2"] [--rates "host 400MB/s"]
-#                            [--no-groups]
-# Writes bench/results/scheduler_sweep.csv (a row per run and model, and "all"),
-# scheduler_sweep_groups.csv, scheduler_sweep.md (medians over rounds) and scheduler_sweep.png
-# (gnuplot: slo_met vs load per scheduler, one panel per rate; slo_met vs deadline multiplier).
+#                            [--no-groups] [--tag NAME]
+# Writes bench/results/scheduler_sweep[_NAME].csv (a row per run and model, and "all"),
+# scheduler_sweep[_NAME]_groups.csv, scheduler_sweep[_NAME].md (medians over rounds) and
+# scheduler_sweep[_NAME].png (gnuplot: slo_met vs load per scheduler, one panel per rate).
+# A scheduler "X+io" is X made disk-aware (docs/scheduler.md); the table puts it next to X:
+#   bench/scheduler_sweep.sh --schedulers "lst lst+io" --period-scales 1 --slo-scales "" \
+#     --rounds 4 --no-groups --tag io
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 duration=20 rounds=1 schedulers="threads fifo rr sel lst heft" pscales="2 1 0.5" sscales="0.5 2" rates="host 400MB/s"
-groups=1
+groups=1 tag=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration=$2; shift 2 ;;
@@ -25,13 +28,15 @@ while [ $# -gt 0 ]; do
     --slo-scales) sscales=$2; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
     --no-groups) groups=0; shift ;;
+    --tag) tag=$2; shift 2 ;;
     *) echo "bench/scheduler_sweep.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 bash "$repo/scripts/setup.sh" --bench >/dev/null
 pack_paper_models
 scen=$repo/scheduler/scenarios
-csv=$out/scheduler_sweep.csv gcsv=$out/scheduler_sweep_groups.csv
+name=scheduler_sweep${tag:+_$tag}
+csv=$out/$name.csv gcsv=$out/${name}_groups.csv
 echo "round,rate,scheduler,period_scale,slo_scale,model,slo_met,dropped,requests,latency_median_ms,latency_p90_ms,estimate_error,dispatch_us,over_budget,equal" >"$csv"
 points=""
 for p in $pscales; do points+=" $p:1"; done
@@ -97,5 +102,5 @@ PY
     done
   done
 fi
-/usr/bin/python3 "$repo/bench/scheduler_sweep_table.py" "$out" >"$out/scheduler_sweep.md"
-cat "$out/scheduler_sweep.md"
+/usr/bin/python3 "$repo/bench/scheduler_sweep_table.py" "$out" "$tag" >"$out/$name.md"
+cat "$out/$name.md"

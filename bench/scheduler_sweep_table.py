@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Tables (markdown, stdout) and the plot for bench/scheduler_sweep.sh.
 
-  scheduler_sweep_table.py RESULTS_DIR
+  scheduler_sweep_table.py RESULTS_DIR [TAG]
 
-Reads scheduler_sweep.csv (and scheduler_sweep_groups.csv when present); medians over rounds.
-Draws scheduler_sweep.png with gnuplot when it is installed (scripts/setup.sh --bench).
+Reads scheduler_sweep[_TAG].csv (and scheduler_sweep[_TAG]_groups.csv when present); medians
+over rounds. Draws scheduler_sweep[_TAG].png with gnuplot when it is installed
+(scripts/setup.sh --bench).
 """
 import csv
 import os
@@ -30,7 +31,8 @@ def fmt(x, d=3):
 
 def main() -> int:
     out = sys.argv[1]
-    rows = list(csv.DictReader(open(os.path.join(out, "scheduler_sweep.csv"))))
+    name = "scheduler_sweep" + (f"_{sys.argv[2]}" if len(sys.argv) > 2 and sys.argv[2] else "")
+    rows = list(csv.DictReader(open(os.path.join(out, name + ".csv"))))
     allrows = [r for r in rows if r["model"] == "all"]
     slo = defaultdict(list)      # (rate, scheduler, p, q) -> overall slo_met per round
     disp = defaultdict(list)
@@ -63,7 +65,17 @@ def main() -> int:
             base = med(slo[(rate, "threads", p, 1.0)])
             top = max(((med(slo[(rate, s, p, 1.0)]) or 0, s) for s in scheds if s != "threads"), default=(0, "-"))
             best.append(f"x{1 / p:g}: {top[1]} {top[0]:.3f} = {top[0] / base:.2f}x threads" if base else f"x{1 / p:g}: -")
-        print("\nbest vs threads: " + "; ".join(best) + "\n")
+        if "threads" in scheds:
+            print("\nbest vs threads: " + "; ".join(best) + "\n")
+        else:
+            print()
+        for s in scheds:  # a disk-aware variant next to its blind policy
+            if s.endswith("+io") and s[:-3] in scheds:
+                pairs = []
+                for p in loads:
+                    a, b = med(slo[(rate, s[:-3], p, 1.0)]), med(slo[(rate, s, p, 1.0)])
+                    pairs.append(f"load x{1 / p:g}: {fmt(a)} -> {fmt(b)}" + (f" ({b / a:.2f}x)" if a and b is not None else ""))
+                print(f"`{s}` vs `{s[:-3]}`: " + "; ".join(pairs) + "\n")
         print(f"### {rate}: slo_met vs deadline multiplier (load x1)\n")
         print("| scheduler | " + " | ".join(f"deadline x{q:g}" for q in sloss) + " |")
         print("|---|" + "---|" * len(sloss))
@@ -77,7 +89,7 @@ def main() -> int:
     print(f"\nRuns with an inference over its budget: {bad['over_budget']}; runs with an output not bit-identical:"
           f" {bad['not_equal']} (of {len(allrows)}).\n")
 
-    gpath = os.path.join(out, "scheduler_sweep_groups.csv")
+    gpath = os.path.join(out, name + "_groups.csv")
     if os.path.exists(gpath):
         g = list(csv.DictReader(open(gpath)))
         by = defaultdict(list)
@@ -100,7 +112,7 @@ def main() -> int:
         print()
 
     if shutil.which("gnuplot") and loads:
-        dat = os.path.join(out, "scheduler_sweep.dat")
+        dat = os.path.join(out, name + ".dat")
         with open(dat, "w") as f:
             for rate in rates:
                 for s in scheds:
@@ -119,14 +131,14 @@ def main() -> int:
                 idx += 1
             plots.append((rate, ", ".join(parts)))
         script = [f'set terminal pngcairo size {550 * len(plots)},450 noenhanced',
-                  f'set output "{os.path.join(out, "scheduler_sweep.png")}"',
+                  f'set output "{os.path.join(out, name + ".png")}"',
                   f'set multiplot layout 1,{len(plots)}', 'set logscale x 2', 'set yrange [0:1]',
                   'set xlabel "load (x the scenario\'s arrival rate)"', 'set ylabel "slo_met"', 'set key bottom left']
         for rate, p in plots:
             script += [f'set title "self_driving_slo.json, {rate}"', "plot " + p]
         script.append("unset multiplot")
         subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
-        print(f"Plot: {os.path.join(out, 'scheduler_sweep.png')}")
+        print(f"Plot: {os.path.join(out, name + '.png')}")
     return 0
 
 
