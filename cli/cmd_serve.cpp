@@ -222,6 +222,7 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
           }
           if (found < 0) throw Error(field(at + ".models") + ": '" + name + "' is not a model of the scenario");
           ScenarioModel& m = s.models[static_cast<size_t>(found)];
+          if (m.group == static_cast<int>(g)) throw Error(field(at + ".models") + ": '" + name + "' is listed twice");
           if (m.group >= 0) {
             throw Error(field(at + ".models") + ": '" + name + "' is already in group '" +
                         s.groups[static_cast<size_t>(m.group)].name + "'");

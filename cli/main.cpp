@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   serve->add_option("--duration", so.duration_s, "seconds to serve (overrides the scenario's duration_s)");
   serve->add_option("--policy", so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
   serve->add_option("--scheduler", so.scheduler,
-                    "which block runs next: threads (a thread per model) | fifo | rr | sel | lst | heft (overrides the scenario's)");
+                    "which block runs next: threads (a thread per model) | fifo | rr | sel | lst | heft, or one of those + \"+io\" "
+                    "(disk-aware: blocks in memory first) (overrides the scenario's)");
   serve->add_option("--budget", so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
   serve->add_option("--socket", so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
   serve->add_option("--budget-source", so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");

@@ -253,5 +253,41 @@ TEST(ResumeFaults, IoErrorAfterAChangeFailsThatInferenceOnly) {
   EXPECT_TRUE(c.equal) << c.difference;
 }
 
+// The scheduler's view of the disk: the next block's unread bytes follow its read, without
+// waiting for it: the whole block before its read is submitted (open reads nothing ahead), 0
+// once the bytes have landed, whether or not anyone waited for them.
+TEST(ResumeReadState, NextBlockUnreadBytesFollowsTheReads) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  ExecutorOptions o;
+  o.budget = min_budget(pk.info);
+  o.residency = false;
+  auto ex = Executor::open(pk.img, o);
+  const ExecutionPlan& p = ex->plan();
+  ASSERT_FALSE(p.resident[0]);
+  ASSERT_GT(p.block_bytes[0], 0u);
+  EXPECT_EQ(ex->next_block_unread_bytes(), p.block_bytes[0]) << "nothing is read at open";
+  auto settle = [&] {  // the reads land on their own: poll, never wait on them
+    for (int i = 0; i < 5000 && ex->next_block_unread_bytes() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return ex->next_block_unread_bytes();
+  };
+  ex->begin({x.clone()});
+  EXPECT_LE(ex->next_block_unread_bytes(), p.block_bytes[0]);
+  EXPECT_EQ(settle(), 0u) << "block 0 landed";
+  int steps = 0;
+  while (!ex->step()) {
+    ++steps;
+    EXPECT_LE(ex->next_block_unread_bytes(), p.block_bytes[static_cast<size_t>(steps)]);
+    EXPECT_EQ(settle(), 0u) << "block " << steps;
+  }
+  Comparison c = compare_outputs(expected, ex->finish());
+  EXPECT_TRUE(c.equal) << c.difference;
+  ex->release();
+  EXPECT_EQ(ex->next_block_unread_bytes(), 0u) << "released: nothing to read";
+}
+
 }  // namespace
 }  // namespace swapnet

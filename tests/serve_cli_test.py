@@ -71,15 +71,18 @@ def main() -> int:
     path = scenario("slo", scheduler="lst", workers=1, duration_s=4,
                     models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "jitter_ms": 4, "slo_ms": 60},
                             {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 50, "slo_ms": 2}])
-    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none")
-    expect(rc == 0, f"serve slo exit {rc}: {err}")
-    if rc == 0:
+    for sched in ("lst", "lst+io"):  # and its disk-aware variant
+        rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--scheduler", sched)
+        expect(rc == 0, f"serve slo {sched} exit {rc}: {err}")
+        if rc != 0:
+            continue
         j = json.loads(out)
-        expect(j["scheduler"] == "lst" and 0 <= j["slo_met"] <= 1, f"slo run: {j.get('scheduler')} {j.get('slo_met')}")
+        expect(j["scheduler"] == sched and 0 <= j["slo_met"] <= 1, f"slo run: {j.get('scheduler')} {j.get('slo_met')}")
         r18, mv2 = j["models"]
-        expect(r18["deadline_requests"] + r18["unanswered"] >= 50, f"r18 open-loop arrivals: {r18['deadline_requests']}")
-        expect(mv2["dropped"] > 0 and mv2["slo_met"] < 0.5, f"mv2's 2 ms deadline cannot be met: {mv2['slo_met']}, dropped {mv2['dropped']}")
-        expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), "slo run outputs and budgets")
+        expect(r18["deadline_requests"] + r18["unanswered"] >= 50, f"{sched}: r18 open-loop arrivals: {r18['deadline_requests']}")
+        expect(mv2["dropped"] > 0 and mv2["slo_met"] < 0.5,
+               f"{sched}: mv2's 2 ms deadline cannot be met: {mv2['slo_met']}, dropped {mv2['dropped']}")
+        expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), f"{sched}: slo run outputs and budgets")
         expect(j["dispatch_us"] > 0, "dispatch time measured")
 
     # A periodic group (Puzzle): both models get every frame; makespan, QoE and score per group,
@@ -160,6 +163,7 @@ def main() -> int:
         "workers": ({"workers": 0}, "field 'workers': 0 must be >= 1"),
         "groupmodel": ({"groups": [{"models": ["r18", "yolo"], "period_ms": 50}]},
                        "field 'groups[0].models': 'yolo' is not a model of the scenario"),
+        "grouprepeat": ({"groups": [{"models": ["r18", "r18"], "period_ms": 50}]}, "field 'groups[0].models': 'r18' is listed twice"),
         "groupperiod": ({"groups": [{"models": ["r18"]}]}, "field 'groups[0].period_ms' must be a number > 0"),
         "grouptwice": ({"groups": [{"models": ["r18"], "period_ms": 50}, {"name": "b", "models": ["r18"], "period_ms": 50}]},
                        "field 'groups[1].models': 'r18' is already in group 'group0'"),

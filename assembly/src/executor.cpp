@@ -1137,6 +1137,21 @@ int Executor::next_layer() const {
   return impl_->run ? impl_->run->next_layer() : 0;
 }
 void Executor::interrupt() { impl_->yield.store(true); }
+std::uint64_t Executor::next_block_unread_bytes() const {
+  Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
+  const int b = m.run ? m.cur : 0;
+  if (m.released || b >= static_cast<int>(m.plan.blocks.size())) return 0;
+  // After shed() the block's bytes are gone: the next step re-plans and reads them again.
+  if (m.shed_pending) return m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+  if (m.bound) return 0;
+  if (m.plan.resident[b] && m.kept_state[b] == Impl::Kept::kLoaded) return 0;
+  for (const auto& f : m.fetches) {
+    // Reads for this inference (between inferences: the next one's, `next` cleared by finish()).
+    if (f.block == b && !f.next) return f.ticket ? m.reader->unlanded_bytes(f.ticket) : 0;
+  }
+  return m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+}
 
 // Note [Shedding]
 // ~~~~~~~~~~~~~~~

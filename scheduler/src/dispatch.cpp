@@ -20,7 +20,22 @@
 // With `workers` identical workers there is one choice of processor, so a job's expected finish
 // is the others' reserved work spread over the workers plus its own remaining time; the largest
 // goes first (ties: first come). A job granted a block reserves the block after it (`then_ms`)
-// until it is granted again; its own reservation never delays itself.
+// until it is granted again; its own reservation never delays itself. A request that ends
+// early (dropped elsewhere, failed, paused) leaves its reservation until the model's next
+// request is granted: it delays every other job alike, so it changes only how that model ranks.
+//
+// Note [The disk as a scheduled resource]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Hetero²Pipe (hetero2pipe.txt) orders the stages of several DNNs so that the ones that contend
+// for a shared resource (memory bandwidth there) overlap with ones that do not. Here the shared
+// resources are the cores and one disk: every model's executor reads its blocks ahead on its
+// own, and a worker given to a job whose next block is still being read sits idle until the
+// bytes land, while another job's block, already in memory, waits for a core. The "+io"
+// variant of a policy sees each job's `unread_ms` (refreshed at every decision from the
+// executor's read state): while any job's next block is in memory, the policy chooses among
+// those; only when none is does a block still on its way get a core (it would only wait for
+// another worker otherwise). The reads go on meanwhile, so the job that was passed over is
+// ready when the next worker frees; a deadline job passed over loses at most one block's time.
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -139,15 +154,44 @@ class Heft : public DispatchPolicy {
   std::map<int, double> reserved_;  // model -> expected time of the block it will ask for next
 };
 
+// A policy that gives workers to jobs whose next block is in memory first (Note [The disk as
+// a scheduled resource]).
+class DiskAware : public DispatchPolicy {
+ public:
+  explicit DiskAware(std::unique_ptr<DispatchPolicy> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name() + "+io"; }
+  DispatchDecision pick(const std::vector<DispatchCandidate>& w, double now) override {
+    std::vector<int> ready;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (w[i].unread_ms <= 0) ready.push_back(static_cast<int>(i));
+    }
+    if (ready.empty() || ready.size() == w.size()) return inner_->pick(w, now);
+    std::vector<DispatchCandidate> sub;
+    for (int i : ready) sub.push_back(w[static_cast<size_t>(i)]);
+    DispatchDecision d = inner_->pick(sub, now);
+    if (d.pick >= 0) d.pick = ready[static_cast<size_t>(d.pick)];
+    for (int& k : d.drop) k = ready[static_cast<size_t>(k)];
+    return d;
+  }
+
+ private:
+  std::unique_ptr<DispatchPolicy> inner_;
+};
+
 }  // namespace
 
 std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers) {
+  const std::string io = "+io";
+  if (name.size() > io.size() && name.compare(name.size() - io.size(), io.size(), io) == 0) {
+    if (name == "threads" + io) throw Error("scheduler 'threads+io': threads has no central scheduler to make disk-aware");
+    return std::make_unique<DiskAware>(make_dispatch_policy(name.substr(0, name.size() - io.size()), workers));
+  }
   if (name == "fifo") return std::make_unique<Fifo>();
   if (name == "rr") return std::make_unique<RoundRobin>();
   if (name == "sel") return std::make_unique<ShortestExpected>();
   if (name == "lst") return std::make_unique<LeastSlack>();
   if (name == "heft") return std::make_unique<Heft>(workers);
-  throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst, heft");
+  throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst, heft (or one of those + \"+io\")");
 }
 
 }  // namespace swapnet

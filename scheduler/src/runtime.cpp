@@ -142,6 +142,7 @@ struct Runtime::Impl {
   Clock::time_point notified;
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".
   std::unique_ptr<DispatchPolicy> dispatch;
+  bool disk_aware = false;  // a "+io" policy: candidates carry their next block's unread time
   int free_workers = 0;
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
@@ -150,16 +151,20 @@ struct Runtime::Impl {
   void dispatch_locked() {
     bool changed = false;
     while (dispatch && free_workers > 0) {
+      const Clock::time_point t = Clock::now();  // a decision: the candidates' refresh and the pick
       std::vector<DispatchCandidate> c;
       std::vector<size_t> who;
       for (size_t j = 0; j < w.size(); ++j) {
         if (w[j]->waiting) {
+          if (disk_aware) {  // Note [The disk as a scheduled resource]
+            Worker& x = *w[j];
+            x.cand.unread_ms = static_cast<double>(x.exec->next_block_unread_bytes()) * std::max(x.ms_per_byte, 1e-9);
+          }
           c.push_back(w[j]->cand);
           who.push_back(j);
         }
       }
       if (c.empty()) break;
-      const Clock::time_point t = Clock::now();
       const DispatchDecision d = dispatch->pick(c, ms_between(t0, t));
       dispatch_us_sum += ms_between(t, Clock::now()) * 1000;
       ++decisions;
@@ -509,6 +514,8 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
   if (options.scheduler != "threads") {
     m.dispatch = make_dispatch_policy(options.scheduler, options.workers);
+    const std::string& sn = options.scheduler;
+    m.disk_aware = sn.size() > 3 && sn.compare(sn.size() - 3, 3, "+io") == 0;
     if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
     m.free_workers = options.workers;
   }

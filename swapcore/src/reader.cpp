@@ -594,6 +594,15 @@ Status BlockReader::wait(Ticket ticket) {
   return s;
 }
 
+std::uint64_t BlockReader::unlanded_bytes(Ticket ticket) const {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.jobs.find(ticket);
+  if (it == m.jobs.end() || it->second->done) return 0;
+  const Impl::Job& j = *it->second;
+  return j.completed >= j.length ? 0 : j.length - j.completed;
+}
+
 void BlockReader::cancel(Ticket ticket) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);

@@ -315,6 +315,13 @@ class SWAPNET_API Executor {
   void abort();
   bool in_inference() const;
   int next_layer() const;  // of the inference in progress (0 when none)
+  // Bytes the next step's block still waits for from the disk, without waiting for the read: 0
+  // once it has landed (or the block is resident and loaded, or weightless); its whole size
+  // when its read is not even submitted (the ring is full, or shed() gave it back). Between
+  // inferences: the next one's first block. For a scheduler that would rather not give a core
+  // to a block still being read. Thread-safe; takes the executor's lock (waits while another
+  // thread is inside step() outside a layer, or inside shed()).
+  std::uint64_t next_block_unread_bytes() const;
   // Thread-safe: the step() in progress (or the next one) returns at its next layer boundary.
   void interrupt();
   // Thread-safe, for a budget cut that cannot wait for the running layer to end: when the plan

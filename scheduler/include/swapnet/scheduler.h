@@ -86,6 +86,9 @@ struct DispatchCandidate {
   double next_ms = 0;       // expected time of its next block
   double remaining_ms = 0;  // expected time of the rest of its inference, next block included
   double then_ms = 0;       // expected time of the block after the next one (0: none)
+  // Expected wait for the next block's weights still on their way from the disk, at the cost
+  // model's read rate (0: in memory, the block can run at once). Refreshed at every decision.
+  double unread_ms = 0;
 };
 
 struct DispatchDecision {
@@ -107,6 +110,10 @@ class SWAPNET_API DispatchPolicy {
 // reservation, on `workers` identical workers: the job expected to finish last goes first, each
 // job granted a block reserving its next one; Note [HEFT on identical workers]). Throws Error
 // naming the choices ("threads" is not a policy: it is the Runtime without a central scheduler).
+// Any name + "+io" (e.g. "lst+io"): the disk-aware variant (Note [The disk as a scheduled
+// resource]): while some job's next block is in memory, a worker goes to one of those (the
+// policy picks among them) rather than to a block still being read, whose core would wait on
+// the disk while the reads go on anyway.
 SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers = 1);
 
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.

@@ -203,6 +203,9 @@ class SWAPNET_API BlockReader {
   };
   Ticket submit(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
   Status wait(Ticket ticket);  // blocks until done; the status of that read
+  // Bytes of the read not landed yet, without waiting (0 once all have landed, its checksums
+  // perhaps still to check; 0 for a ticket unknown or already waited for).
+  std::uint64_t unlanded_bytes(Ticket ticket) const;
   // Stops a read early: pieces not yet handed to the kernel are dropped; pieces in flight land
   // (the buffer stays in use until then). wait() must still be called: it returns once nothing
   // of the read is in flight, with ECANCELED (or the read's own status if it ended first).
