@@ -1137,21 +1137,53 @@ int Executor::next_layer() const {
   return impl_->run ? impl_->run->next_layer() : 0;
 }
 void Executor::interrupt() { impl_->yield.store(true); }
+namespace {
+// Executor::next_block_unread_bytes with the executor's lock held; `wait`: block on the reader's.
+bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out);
+}  // namespace
 std::uint64_t Executor::next_block_unread_bytes() const {
-  Impl& m = *impl_;
-  std::lock_guard<std::recursive_mutex> lk(m.mu);
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  std::uint64_t n = 0;
+  next_unread_locked(*impl_, true, &n);
+  return n;
+}
+bool Executor::try_next_block_unread_bytes(std::uint64_t* out) const {
+  std::unique_lock<std::recursive_mutex> lk(impl_->mu, std::try_to_lock);
+  return lk.owns_lock() && next_unread_locked(*impl_, false, out);
+}
+namespace {
+bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) {
   const int b = m.run ? m.cur : 0;
-  if (m.released || b >= static_cast<int>(m.plan.blocks.size())) return 0;
+  if (m.released || b >= static_cast<int>(m.plan.blocks.size())) {
+    *out = 0;
+    return true;
+  }
   // After shed() the block's bytes are gone: the next step re-plans and reads them again.
-  if (m.shed_pending) return m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
-  if (m.bound) return 0;
-  if (m.plan.resident[b] && m.kept_state[b] == Impl::Kept::kLoaded) return 0;
+  if (m.shed_pending) {
+    *out = m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+    return true;
+  }
+  if (m.bound || (m.plan.resident[b] && m.kept_state[b] == Executor::Impl::Kept::kLoaded)) {
+    *out = 0;
+    return true;
+  }
   for (const auto& f : m.fetches) {
     // Reads for this inference (between inferences: the next one's, `next` cleared by finish()).
-    if (f.block == b && !f.next) return f.ticket ? m.reader->unlanded_bytes(f.ticket) : 0;
+    if (f.block != b || f.next) continue;
+    if (!f.ticket) {
+      *out = 0;
+      return true;
+    }
+    if (wait) {
+      *out = m.reader->unlanded_bytes(f.ticket);
+      return true;
+    }
+    return m.reader->try_unlanded_bytes(f.ticket, out);
   }
-  return m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+  *out = m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+  return true;
 }
+}  // namespace
 
 // Note [Shedding]
 // ~~~~~~~~~~~~~~~

@@ -157,8 +157,14 @@ struct Runtime::Impl {
       for (size_t j = 0; j < w.size(); ++j) {
         if (w[j]->waiting) {
           if (disk_aware) {  // Note [The disk as a scheduled resource]
+            // Never waits on a lock: when the executor or its reader is busy, the last value
+            // stands (0 for a new candidate, as a blind policy sees it; a read never un-lands,
+            // and a stale "unread" only defers the job one decision).
             Worker& x = *w[j];
-            x.cand.unread_ms = static_cast<double>(x.exec->next_block_unread_bytes()) * std::max(x.ms_per_byte, 1e-9);
+            std::uint64_t unread = 0;
+            if (x.exec->try_next_block_unread_bytes(&unread)) {
+              x.cand.unread_ms = static_cast<double>(unread) * std::max(x.ms_per_byte, 1e-9);
+            }
           }
           c.push_back(w[j]->cand);
           who.push_back(j);

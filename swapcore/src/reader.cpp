@@ -594,13 +594,28 @@ Status BlockReader::wait(Ticket ticket) {
   return s;
 }
 
+namespace {
+template <typename Jobs>
+std::uint64_t unlanded_locked(const Jobs& jobs, BlockReader::Ticket ticket) {
+  auto it = jobs.find(ticket);
+  if (it == jobs.end() || it->second->done) return 0;
+  const auto& j = *it->second;
+  return j.completed >= j.length ? 0 : j.length - j.completed;
+}
+}  // namespace
+
 std::uint64_t BlockReader::unlanded_bytes(Ticket ticket) const {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
-  auto it = m.jobs.find(ticket);
-  if (it == m.jobs.end() || it->second->done) return 0;
-  const Impl::Job& j = *it->second;
-  return j.completed >= j.length ? 0 : j.length - j.completed;
+  return unlanded_locked(m.jobs, ticket);
+}
+
+bool BlockReader::try_unlanded_bytes(Ticket ticket, std::uint64_t* out) const {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  *out = unlanded_locked(m.jobs, ticket);
+  return true;
 }
 
 void BlockReader::cancel(Ticket ticket) {

@@ -322,6 +322,9 @@ class SWAPNET_API Executor {
   // to a block still being read. Thread-safe; takes the executor's lock (waits while another
   // thread is inside step() outside a layer, or inside shed()).
   std::uint64_t next_block_unread_bytes() const;
+  // The same without blocking (a scheduler's decision must not wait on a lock a busy step or
+  // the I/O thread holds): false, *out unchanged, when the executor's or the reader's lock is busy.
+  bool try_next_block_unread_bytes(std::uint64_t* out) const;
   // Thread-safe: the step() in progress (or the next one) returns at its next layer boundary.
   void interrupt();
   // Thread-safe, for a budget cut that cannot wait for the running layer to end: when the plan

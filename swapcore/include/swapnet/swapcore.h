@@ -206,6 +206,8 @@ class SWAPNET_API BlockReader {
   // Bytes of the read not landed yet, without waiting (0 once all have landed, its checksums
   // perhaps still to check; 0 for a ticket unknown or already waited for).
   std::uint64_t unlanded_bytes(Ticket ticket) const;
+  // The same without blocking: false (and *out unchanged) when the reader's lock is busy.
+  bool try_unlanded_bytes(Ticket ticket, std::uint64_t* out) const;
   // Stops a read early: pieces not yet handed to the kernel are dropped; pieces in flight land
   // (the buffer stays in use until then). wait() must still be called: it returns once nothing
   // of the read is in flight, with ECANCELED (or the read's own status if it ended first).
