@@ -271,27 +271,35 @@ TEST(Dispatch, HeftRunsTheLatestFinishFirstAndReservesTheNextBlock) {
   EXPECT_EQ(one->pick({job(0, 0, 0, 80, 30), job(1, 3, 0, 60, 20)}, 40).pick, 0);
 }
 
-TEST(Dispatch, DiskAwareRunsABlockInMemoryBeforeOneStillBeingRead) {
+TEST(Dispatch, DiskAwareRunsABlockInMemoryWhileTheUrgentOnesBytesLand) {
   auto p = make_dispatch_policy("lst+io");
   EXPECT_EQ(p->name(), "lst+io");
   auto unread = [](DispatchCandidate c, double ms) {
     c.unread_ms = ms;
     return c;
   };
-  // Job 0 has the least slack but its next block is still on its way: job 2 (in memory) runs.
-  DispatchDecision d = p->pick({unread(job(0, 0, 150, 30), 12), job(1, 0, 0, 1), job(2, 0, 190, 30)}, 100);
+  // Job 0 has the least slack but its next block lands in 12 ms; job 2's block (in memory) is
+  // expected to take 10: it runs first, and job 0 loses nothing.
+  DispatchDecision d = p->pick({unread(job(0, 0, 150, 30, 5), 12), job(1, 0, 0, 1), job(2, 0, 190, 30, 10)}, 100);
   EXPECT_EQ(d.pick, 2);
-  // Among those in memory, lst's own rule (slack, then no deadline), and its drops, indices kept.
-  d = p->pick({unread(job(0, 0, 150, 30), 12), job(1, 0, 120, 50), job(2, 0, 0, 1)}, 100);
+  // Job 2's block would take 20: job 0 would wait for a core after its bytes land, so it runs.
+  d = p->pick({unread(job(0, 0, 150, 30, 5), 12), job(1, 0, 0, 1), job(2, 0, 190, 30, 20)}, 100);
+  EXPECT_EQ(d.pick, 0);
+  // lst's own drops stand, and a dropped job is not the alternative.
+  d = p->pick({unread(job(0, 0, 150, 30, 5), 12), job(1, 0, 120, 50, 1), job(2, 0, 0, 1, 3)}, 100);
   EXPECT_EQ(d.pick, 2);
   EXPECT_EQ(d.drop, std::vector<int>{1});
-  // None in memory, or all: the policy as it is.
+  // None in memory, or the policy's choice in memory: the policy as it is.
   d = p->pick({unread(job(0, 0, 150, 30), 12), unread(job(1, 0, 190, 30), 1)}, 100);
   EXPECT_EQ(d.pick, 0);
-  d = p->pick({job(0, 0, 150, 30), job(1, 0, 190, 30)}, 100);
+  d = p->pick({job(0, 0, 150, 30), unread(job(1, 0, 190, 30), 40)}, 100);
   EXPECT_EQ(d.pick, 0);
   // The blind policy runs the block still being read.
-  EXPECT_EQ(make_dispatch_policy("lst")->pick({unread(job(0, 0, 150, 30), 12), job(2, 0, 190, 30)}, 100).pick, 0);
+  EXPECT_EQ(make_dispatch_policy("lst")->pick({unread(job(0, 0, 150, 30, 5), 12), job(2, 0, 190, 30, 10)}, 100).pick, 0);
+  // rr records the job it granted, whichever way the choice went.
+  auto rr = make_dispatch_policy("rr+io");
+  EXPECT_EQ(rr->pick({unread(job(0, 0, 0, 30, 5), 12), job(1, 0, 0, 30, 10)}, 0).pick, 1);
+  EXPECT_EQ(rr->pick({job(0, 0, 0, 30), job(1, 0, 0, 30), job(2, 0, 0, 30)}, 0).pick, 2);
   EXPECT_EQ(make_dispatch_policy("heft+io", 2)->name(), "heft+io");
   EXPECT_NE(error_of([] { make_dispatch_policy("threads+io"); }).find("threads has no central scheduler"),
             std::string::npos);
