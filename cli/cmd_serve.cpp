@@ -90,6 +90,15 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &sb) == 0;
 }
 
+// Throws unless every key of object `e` (at `at`, "" for the top level) is in `keys`; the error
+// names the field and ends with `what` (e.g. " is not a model field").
+void only_keys(const json& e, const std::string& path, const std::string& at, const std::set<std::string>& keys,
+               const std::string& what) {
+  for (const auto& [k, v] : e.items()) {
+    if (!keys.count(k)) throw Error(path + ": field '" + (at.empty() ? k : at + "." + k) + "'" + what);
+  }
+}
+
 // Reads and checks a scenario file; errors name the file and the field.
 Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   std::ifstream f(path);
@@ -104,10 +113,9 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
   static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
                                               "schedule", "description", "scheduler", "workers", "groups"};
-  for (const auto& [k, v] : j.items()) {
-    if (!known.count(k)) throw Error(field(k) + " is not a scenario field (" + "name, description, total_budget, policy, "
-                                     "scheduler, workers, duration_s, models, groups, schedule)");
-  }
+  only_keys(j, path, "", known,
+            " is not a scenario field (name, description, total_budget, policy, scheduler, workers, duration_s, "
+            "models, groups, schedule)");
   Scenario s;
   try {
     s.name = j.value("name", std::string("scenario"));
@@ -136,9 +144,7 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     const json& m = j["models"][i];
     const std::string at = "models[" + std::to_string(i) + "]";
     if (!m.is_object()) throw Error(field(at) + " must be an object");
-    for (const auto& [k, v] : m.items()) {
-      if (!model_keys.count(k)) throw Error(field(at + "." + k) + " is not a model field");
-    }
+    only_keys(m, path, at, model_keys, " is not a model field");
     ScenarioModel sm;
     try {
       if (!m.contains("image")) throw Error(field(at + ".image") + " is missing");
@@ -196,9 +202,7 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
       const json& e = j["groups"][g];
       const std::string at = "groups[" + std::to_string(g) + "]";
       if (!e.is_object()) throw Error(field(at) + " must be an object");
-      for (const auto& [k, v] : e.items()) {
-        if (!group_keys.count(k)) throw Error(field(at + "." + k) + " is not a group field (name, models, period_ms, jitter_ms, slo_ms)");
-      }
+      only_keys(e, path, at, group_keys, " is not a group field (name, models, period_ms, jitter_ms, slo_ms)");
       ScenarioGroup sg;
       try {
         sg.name = e.value("name", "group" + std::to_string(g));
@@ -290,13 +294,18 @@ std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const s
 //   RtScore  = 1 / (1 + exp(k (makespan - deadline))), k = 15 per millisecond (Puzzle's k with
 //              times in ms: 1 well before the deadline, 0.5 at it, ~0 a millisecond after)
 //   score    = mean RtScore * QoE, per group; the scenario's score is the mean over groups.
+// One frame of a group, as its members answer.
+struct Frame {
+  int pending = 0;     // members not answered yet
+  bool ok = true;      // every member answered (not dropped, failed or unanswered)
+  double last_ms = 0;  // the last member's answer after the frame's arrival
+};
 struct GroupScore {
   std::uint64_t frames = 0, complete = 0;
   double median_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0;
   double qoe = 0, rt_score = 0, score = 0;
 };
-template <typename Frames>
-GroupScore group_score(const Frames& frames, double deadline_ms) {
+GroupScore group_score(const std::deque<Frame>& frames, double deadline_ms) {
   GroupScore g;
   std::vector<double> spans;
   double rt = 0, met = 0;
@@ -478,11 +487,6 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     std::mutex mu;
     std::condition_variable cv;
     bool closed = false;
-  };
-  struct Frame {
-    int pending = 0;      // members not answered yet
-    bool ok = true;       // every member answered (not dropped, failed or unanswered)
-    double last_ms = 0;   // the last member's answer after the frame's arrival
   };
   std::vector<std::deque<Frame>> frames(s.groups.size());  // under mu
   std::vector<std::unique_ptr<Inbox>> inbox(n);

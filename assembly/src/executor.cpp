@@ -1160,7 +1160,7 @@ bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) 
   }
   // After shed() the block's bytes are gone: the next step re-plans and reads them again.
   if (m.shed_pending) {
-    *out = m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+    *out = m.plan.block_bytes[b];
     return true;
   }
   if (m.bound || (m.plan.resident[b] && m.kept_state[b] == Executor::Impl::Kept::kLoaded)) {
@@ -1180,7 +1180,7 @@ bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) 
     }
     return m.reader->try_unlanded_bytes(f.ticket, out);
   }
-  *out = m.span(m.plan.blocks[b].first, m.plan.blocks[b].second);
+  *out = m.plan.block_bytes[b];  // not submitted yet
   return true;
 }
 }  // namespace

@@ -164,6 +164,7 @@ class DiskAware : public DispatchPolicy {
  public:
   explicit DiskAware(std::unique_ptr<DispatchPolicy> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name() + "+io"; }
+  bool reads_unread() const override { return true; }
   DispatchDecision pick(const std::vector<DispatchCandidate>& w, double now) override {
     DispatchDecision first = inner_->pick(w, now);
     if (first.pick < 0 || w[static_cast<size_t>(first.pick)].unread_ms <= 0) return first;

@@ -142,7 +142,6 @@ struct Runtime::Impl {
   Clock::time_point notified;
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".
   std::unique_ptr<DispatchPolicy> dispatch;
-  bool disk_aware = false;  // a "+io" policy: candidates carry their next block's unread time
   int free_workers = 0;
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
@@ -156,7 +155,7 @@ struct Runtime::Impl {
       std::vector<size_t> who;
       for (size_t j = 0; j < w.size(); ++j) {
         if (w[j]->waiting) {
-          if (disk_aware) {  // Note [The disk as a scheduled resource]
+          if (dispatch->reads_unread()) {  // Note [The disk as a scheduled resource]
             // Never waits on a lock: when the executor or its reader is busy, the last value
             // stands (0 for a new candidate, as a blind policy sees it; a read never un-lands,
             // and a stale "unread" only defers the job one decision).
@@ -520,8 +519,6 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
   if (options.scheduler != "threads") {
     m.dispatch = make_dispatch_policy(options.scheduler, options.workers);
-    const std::string& sn = options.scheduler;
-    m.disk_aware = sn.size() > 3 && sn.compare(sn.size() - 3, 3, "+io") == 0;
     if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
     m.free_workers = options.workers;
   }

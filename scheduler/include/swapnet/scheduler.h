@@ -102,6 +102,8 @@ class SWAPNET_API DispatchPolicy {
   virtual std::string name() const = 0;
   // Called with at least one candidate; `now_ms` on the candidates' clock.
   virtual DispatchDecision pick(const std::vector<DispatchCandidate>& waiting, double now_ms) = 0;
+  // Whether pick() reads DispatchCandidate::unread_ms (the runtime refreshes it only then).
+  virtual bool reads_unread() const { return false; }
 };
 // "fifo" (earliest arrival), "rr" (round robin over models, a block each), "sel" (shortest
 // expected remaining latency), "lst" (least slack: deadline - now - remaining; a request whose
@@ -111,9 +113,8 @@ class SWAPNET_API DispatchPolicy {
 // job granted a block reserving its next one; Note [HEFT on identical workers]). Throws Error
 // naming the choices ("threads" is not a policy: it is the Runtime without a central scheduler).
 // Any name + "+io" (e.g. "lst+io"): the disk-aware variant (Note [The disk as a scheduled
-// resource]): while some job's next block is in memory, a worker goes to one of those (the
-// policy picks among them) rather than to a block still being read, whose core would wait on
-// the disk while the reads go on anyway.
+// resource]): when the policy's choice is a block still being read, its choice among the blocks
+// in memory runs first if it is expected to end before those bytes land.
 SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers = 1);
 
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
