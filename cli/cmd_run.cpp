@@ -242,6 +242,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   json plan_json, resident_json = json::array(), plan_facts = json::object();
   std::string backend = "-", memory = "host";
   double bind_us = 0;
+  std::uint64_t streamed = 0;
   const int iters = std::max(1, o.iters);
   auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes) {
     fwd();  // warm-up (lazy initialisation), not timed
@@ -280,6 +281,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     memory = to_string(ex->memory());
     measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); });
     bind_us = ex->bind_us_per_tensor();
+    streamed = ex->streamed_blocks();
   } else if (o.mode == "naive") {
     eo.residency = false;  // the paper's naive swap re-reads every block, in the paper's blocks
     eo.resident.clear();
@@ -340,7 +342,10 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   j["plan"] = o.plan;
   if (predicted_ms > 0) j["predicted_ms"] = predicted_ms;
   j.update(plan_facts);
-  if (o.mode == "swapnet") j["bind_us_per_tensor"] = bind_us;
+  if (o.mode == "swapnet") {
+    j["bind_us_per_tensor"] = bind_us;
+    j["streamed_blocks"] = streamed;  // read into ring space older blocks still held, warm-up included
+  }
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
     InMemory direct(path, info, cuda);

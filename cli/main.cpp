@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
                   "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
                   "swapnet's reads cost the compute on this machine)");
   run->add_option("--read-ahead", ro.read_ahead,
-                  "ring (default: as many blocks ahead as the budget holds, into the next inference) | paper "
-                  "(two blocks, one inference at a time)");
+                  "ring (default: as many blocks ahead as the budget holds, into the next inference; a block "
+                  "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "
+                  "block waiting for its whole room) | paper (two blocks, one inference at a time)");
   add_common(run, common, true, false);
 
   std::string budget, profile_path;

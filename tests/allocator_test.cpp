@@ -163,6 +163,122 @@ TEST(BlockRing, RandomUseNeverOverlapsAndLosesAtMostOneBlock) {
   EXPECT_GT(refused, 100) << "full rings were exercised";
 }
 
+// A block that does not fit yet is pushed streamed: where it will be once the blocks it overlaps
+// are gone; its bytes become free as they are popped; nothing else fits meanwhile; the bytes
+// held are counted once.
+TEST(BlockRing, AStreamedBlockTakesItsPlaceAsOlderBlocksGo) {
+  const std::uint64_t P = 4096, cap = 64 * P;
+  auto ring = BlockRing::create(cap, MemoryKind::kHost);
+  const MemoryStats before = memory_stats();
+  char* a = static_cast<char*>(ring->push(20 * P));
+  char* b = static_cast<char*>(ring->push(30 * P));
+  ASSERT_EQ(b, a + 20 * P);
+  EXPECT_EQ(ring->push_streamed(65 * P), nullptr) << "larger than the ring";
+  EXPECT_FALSE(ring->streaming());
+  // 60 pages: not before the end (14 left), not before the oldest: from the start, over a and b.
+  char* s = static_cast<char*>(ring->push_streamed(60 * P));
+  ASSERT_EQ(s, ring->base());
+  EXPECT_TRUE(ring->streaming());
+  EXPECT_EQ(ring->used(), 60u * P) << "a, b and the part of s they do not hold";
+  EXPECT_EQ(memory_stats().current - before.current, 60u * P);
+  EXPECT_FALSE(ring->fits(P)) << "nothing after a streamed block until it is whole";
+  EXPECT_EQ(ring->push(P), nullptr);
+  EXPECT_EQ(ring->push_streamed(P), nullptr) << "one streamed block at a time";
+  EXPECT_FALSE(ring->range_free(s, P)) << "a holds it";
+  EXPECT_TRUE(ring->range_free(s + 50 * P, 10 * P)) << "after b";
+  EXPECT_FALSE(ring->range_free(s + 49 * P, 2 * P));
+  ring->pop();  // a
+  EXPECT_TRUE(ring->range_free(s, 20 * P));
+  EXPECT_FALSE(ring->range_free(s + 20 * P, P));
+  EXPECT_TRUE(ring->streaming());
+  EXPECT_EQ(ring->used(), 60u * P);
+  ring->pop();  // b: s is whole, the oldest, and the ring goes on after it
+  EXPECT_FALSE(ring->streaming());
+  EXPECT_TRUE(ring->range_free(s, 60 * P));
+  EXPECT_EQ(ring->used(), 60u * P);
+  EXPECT_EQ(ring->blocks(), 1u);
+  EXPECT_EQ(ring->push(4 * P), s + 60 * P);
+  EXPECT_FALSE(ring->fits(P));
+  ring->pop();  // s
+  // Wrapped: c at 10.., d at 40.. ; a streamed block that fits before the end goes after the
+  // newest and waits for the oldest only.
+  ring->clear();
+  EXPECT_EQ(memory_stats().current, before.current);
+  char* c0 = static_cast<char*>(ring->push(10 * P));
+  char* c = static_cast<char*>(ring->push(30 * P));  // 10..40
+  char* d = static_cast<char*>(ring->push(20 * P));  // 40..60
+  ring->pop();                                        // c0
+  char* e = static_cast<char*>(ring->push(8 * P));   // 0..8: wrapped
+  ASSERT_EQ(c, c0 + 10 * P);
+  ASSERT_EQ(d, c + 30 * P);
+  ASSERT_EQ(e, ring->base());
+  char* t = static_cast<char*>(ring->push_streamed(40 * P));  // 8..48, over c and d
+  ASSERT_EQ(t, e + 8 * P);
+  EXPECT_TRUE(ring->range_free(t, 2 * P));
+  EXPECT_FALSE(ring->range_free(t, 3 * P));
+  EXPECT_EQ(ring->used(), 8u * P + 30 * P + 20 * P + 2 * P);
+  ring->pop();  // c
+  EXPECT_TRUE(ring->range_free(t, 32 * P));
+  EXPECT_TRUE(ring->streaming());
+  ring->pop();  // d
+  EXPECT_FALSE(ring->streaming());
+  EXPECT_EQ(ring->used(), 48u * P);
+  EXPECT_EQ(ring->push(16 * P), t + 40 * P) << "after the streamed block, up to the end";
+  ring->clear();
+  EXPECT_EQ(ring->used(), 0u);
+  EXPECT_EQ(memory_stats().current, before.current);
+}
+
+// Random FIFO use with streamed pushes: blocks never overlap once whole, a streamed block's free
+// ranges are never held by another, and used() is the union of the bytes held.
+TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) {
+  const std::uint64_t P = 4096, cap = 61 * P;
+  auto ring = BlockRing::create(cap, MemoryKind::kHost);
+  std::mt19937 rng(11);
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> held;  // offset, pages
+  int streamed = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, 61)(rng);
+    if (rng() % 2 == 0 && !ring->streaming()) {
+      const bool fits = ring->fits(pages * P);
+      char* p = static_cast<char*>(fits ? ring->push(pages * P) : ring->push_streamed(pages * P));
+      if (p != nullptr) {
+        streamed += !fits;
+        held.emplace_back(static_cast<std::uint64_t>(p - ring->base()), pages);
+      }
+    } else if (!held.empty()) {
+      ring->pop();
+      held.pop_front();
+    }
+    std::vector<char> page(61, 0);
+    for (const auto& [o, n] : held) {
+      ASSERT_LE(o + n * P, cap);
+      for (std::uint64_t k = 0; k < n; ++k) page[o / P + k] = 1;
+    }
+    EXPECT_EQ(ring->used(), static_cast<std::uint64_t>(std::count(page.begin(), page.end(), 1)) * P) << i;
+    if (!held.empty()) {
+      const auto [o, n] = held.back();
+      for (std::uint64_t k = 0; k < n; ++k) {
+        bool older = false;
+        for (size_t j = 0; j + 1 < held.size(); ++j) {
+          older |= held[j].first <= o + k * P && o + k * P < held[j].first + held[j].second * P;
+        }
+        EXPECT_EQ(ring->range_free(ring->base() + o + k * P, P), !older) << i;
+      }
+      if (!ring->streaming()) {
+        for (size_t j = 0; j + 1 < held.size(); ++j) {
+          for (size_t l = j + 1; l < held.size(); ++l) {
+            EXPECT_TRUE(held[j].first + held[j].second * P <= held[l].first ||
+                        held[l].first + held[l].second * P <= held[j].first)
+                << i;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(streamed, 200);
+}
+
 // Memory the GPU reads in place, or a ring asked not to be deep, holds two blocks at opposite ends.
 TEST(BlockRing, TwoEndedWhereNotDeep) {
   auto two_ended = [](BlockRing& ring) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <unistd.h>
 
@@ -223,6 +224,75 @@ TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
   EXPECT_NE(e.find("to have 3 channels"), std::string::npos) << e;
   c = compare_outputs(reference(m, x), ex->forward({x.clone()}));
   EXPECT_TRUE(c.equal) << "usable after a failed forward: " << c.difference;
+}
+
+// A ring of one block (Note [A ring of one block]): the next block streams into the bytes the
+// one before frees (Note [Streaming into the ring]). Bit-identical, never more than the ring in
+// use, budget changes in the middle of an inference and a failed read included; ring-whole
+// (no streaming) gives the same outputs.
+TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  bool fail = false;
+  ExecutorOptions o;
+  o.blocks = 6;
+  o.budget = info.data_size * 2;
+  o.reader.fault = [&](std::uint64_t, std::size_t, long res) -> long { return fail ? -EIO : res; };
+  const ExecutionPlan wide = plan_execution(info, o);
+  std::uint64_t largest = 0;
+  for (size_t b = 0; b < wide.blocks.size(); ++b) {
+    if (!wide.resident[b]) largest = std::max(largest, wide.block_bytes[b]);
+  }
+  ASSERT_GT(largest, 2u * (2 << 20)) << "blocks of several pieces";
+  const std::uint64_t tight = wide.activation_bytes + wide.pinned_bytes + largest;
+  o.budget = tight;
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  for (const char* ra : {"ring", "ring-whole"}) {
+    set_executor_option(&o, "--read-ahead", ra);
+    auto ex = Executor::open(pk.img, o);
+    const ExecutionPlan& p = ex->plan();
+    ASSERT_EQ(p.arena_bytes, largest) << ra << ": a ring of the largest block";
+    reset_memory_peak();
+    for (int i = 0; i < 4; ++i) {
+      Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+      ASSERT_TRUE(c.equal) << ra << " inference " << i << ": " << c.difference;
+    }
+    EXPECT_LE(ex->weight_memory().peak, p.arena_bytes + p.pinned_bytes) << ra;
+    EXPECT_LE(memory_stats().peak, p.arena_bytes) << ra << ": no byte of the ring counted twice";
+    if (std::string(ra) == "ring-whole") {
+      EXPECT_EQ(ex->streamed_blocks(), 0u);
+      continue;
+    }
+    // Checksums are verified on the first read of each layer, in one read: streaming after that.
+    EXPECT_GE(ex->streamed_blocks(), 3u) << "consecutive blocks never fit together here";
+    // Budget changes at layers in the middle, tight and back, with a block streaming.
+    std::mt19937 rng(5);
+    const int L = static_cast<int>(info.layers.size());
+    for (int trial = 0; trial < 8; ++trial) {
+      ex->begin({x.clone()});
+      bool done = false;
+      const int k = 1 + static_cast<int>(rng() % (L - 1));
+      while (!done && ex->next_layer() < k) done = ex->step(k);
+      ex->set_budget(trial % 2 ? tight : tight + largest / 2);
+      EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, ex->plan().total());
+      while (!done) done = ex->step();
+      Comparison c = compare_outputs(expected, ex->finish());
+      ASSERT_TRUE(c.equal) << "trial " << trial << " at layer " << k << ": " << c.difference;
+    }
+    // A read failing while blocks stream fails that inference only.
+    ex = Executor::open(pk.img, o);
+    (void)ex->forward({x.clone()});
+    const std::uint64_t before = ex->streamed_blocks();
+    fail = true;
+    std::string e = error_of([&] { ex->forward({x.clone()}); });
+    fail = false;
+    EXPECT_NE(e.find("Input/output error"), std::string::npos) << e;
+    Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+    EXPECT_TRUE(c.equal) << "usable after a failed streamed read: " << c.difference;
+    EXPECT_GT(ex->streamed_blocks(), before);
+  }
 }
 
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {

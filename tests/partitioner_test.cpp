@@ -410,6 +410,55 @@ TEST(Partitioner, MemoryBoundIsBelowEveryRingSchedule) {
   EXPECT_GT(above, 0);
 }
 
+// Streaming (Note [Streaming into the ring]) on tables of layers of up to 16 MiB, so that blocks
+// span several pieces: never faster than the physical bounds (all execution, all reads) nor the
+// memory bound of the same memory, and faster than waiting for a whole room where the ring holds
+// little more than the largest block.
+TEST(Partitioner, StreamedRingIsBoundedAndBeatsWaitingForWholeRoom) {
+  std::mt19937 rng(41);
+  CostModel m = io_heavy();
+  m.alpha_ms_per_byte /= 64;
+  m.block_ms = 0;
+  m.beta_ms_per_tensor = m.eta_ms_per_tensor = 0;
+  int faster = 0, slower = 0, tight = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    auto layers = random_layers(3 + trial % 25, rng);
+    double ex = 0, io = 0;
+    for (auto& x : layers) {
+      x.bytes *= 64;
+      ex += x.exec_ms;
+      io += m.alpha_ms_per_byte * static_cast<double>(x.bytes);
+    }
+    const std::uint64_t lo = min_arena_bytes(layers), hi = total_bytes(layers) + 4096;
+    const std::uint64_t cap = std::uniform_int_distribution<std::uint64_t>(lo, std::max(lo, lo + (hi - lo) / 4))(rng);
+    Partition p = optimal_partition(layers, cap, m);
+    ASSERT_TRUE(p.feasible) << trial;
+    if (p.ring_bytes == 0 || p.ring_depth != 0) continue;
+    // The plan's ring, and a ring of its largest block (where streaming matters most).
+    for (std::uint64_t ring : {p.ring_bytes, (p.block_max + 4095) / 4096 * 4096}) {
+      const double s = simulate_ms(layers, p.blocks, p.resident, ring, 0, m);
+      const double w = simulate_ms(layers, p.blocks, p.resident, ring, 0, m, false);
+      double swapped_io = 0;
+      for (size_t k = 0; k < p.blocks.size(); ++k) {
+        if (p.resident[k]) continue;
+        for (int i = p.blocks[k].first; i <= p.blocks[k].second; ++i) {
+          swapped_io += m.alpha_ms_per_byte * static_cast<double>(layers[i].bytes);
+        }
+      }
+      EXPECT_GE(s, std::max(ex, swapped_io) - 1e-6) << "trial " << trial << " ring " << ring;
+      EXPECT_LE(memory_bound_ms(layers, p.resident_bytes + ring, m.alpha_ms_per_byte), s * (1 + 1e-9) + 1e-9)
+          << "trial " << trial << " ring " << ring;
+      faster += s < w * 0.99;
+      slower += s > w * 1.01;
+      tight += ring < p.ring_bytes;
+    }
+    (void)io;
+  }
+  std::printf("streaming: faster in %d, slower in %d (%d tight rings)\n", faster, slower, tight);
+  EXPECT_GT(faster, 20);
+  EXPECT_LE(slower, faster / 10) << "streaming is rarely slower than waiting for whole room";
+}
+
 TEST(PartitionTable, LookupMatchesAFreshSearchAtGridPoints) {
   std::mt19937 rng(3);
   const CostModel m = io_heavy();

@@ -17,6 +17,19 @@
 // faults, and RSS counted the pages of both views; the anonymous ring has none of that, for at
 // most one block of lost depth.)
 //
+// Note [Streaming into the ring]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where the next block does not fit next to the blocks held, waiting for room to open whole
+// serialises its read with the compute of every block it waits for: with a ring barely larger
+// than the largest block (vgg19 at its minimum budget: fc7's 64 MiB in a 64.1 MiB ring; the
+// fcn_resnet101 head's 36 MiB in 36 MiB) the disk idled for whole blocks of compute. A block may
+// instead be pushed *streamed* (push_streamed): it takes the place it will have once the older
+// blocks it overlaps are gone (after the newest block when the ring has wrapped and it fits
+// before the end, else from the start), and the executor reads it in pieces, each as soon as no
+// older block holds its bytes (range_free), so the disk fills space as compute frees it. Until
+// the overlap is gone nothing more is pushed (fits() is false); used() and the accounting count
+// the union of the bytes held, never a byte twice, so the ring's capacity stays the promise.
+//
 // Memory the GPU reads in place (managed, or registered) keeps the two-ended arena
 // (Note [Two-ended arena]) unless `deep` is asked: at most two blocks, at opposite ends, the
 // paper's pipeline, which still guarantees progress whenever any two consecutive blocks fit.
@@ -50,7 +63,21 @@ struct BlockRing::Impl {
     std::uint64_t bytes = 0;
   };
   std::deque<Entry> fifo;
-  std::uint64_t used = 0;
+  std::uint64_t used = 0;     // the union of the blocks' bytes
+  std::uint64_t overlap = 0;  // bytes of a streamed newest block that older ones still hold
+
+  // Bytes of [off, off + bytes) that blocks other than the newest hold.
+  std::uint64_t held_by_older(std::uint64_t off, std::uint64_t bytes) const {
+    std::uint64_t n = 0;
+    for (size_t i = 0; i + 1 < fifo.size(); ++i) {
+      const std::uint64_t a = std::max(off, fifo[i].offset), b = std::min(off + bytes, fifo[i].offset + fifo[i].bytes);
+      if (a < b) n += b - a;
+    }
+    return n;
+  }
+  // Blocks in FIFO order from the oldest: wrapped when the newest does not lie after it (a
+  // streamed newest block may start where the oldest does).
+  void set_wrapped() { wrapped = fifo.size() > 1 && fifo.back().offset <= fifo.front().offset; }
 
   ~Impl() {
     if (deep) account_memory(-static_cast<std::int64_t>(used));  // a two-ended arena accounts its own
@@ -95,7 +122,7 @@ char* BlockRing::device_address(void* p) const {
 bool BlockRing::fits(std::uint64_t bytes) const {
   const Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (m.deep) return m.slot(bytes) < m.capacity;
+  if (m.deep) return m.overlap == 0 && m.slot(bytes) < m.capacity;
   if (m.fifo.size() >= 2) return false;
   return bytes <= m.capacity - m.used;
 }
@@ -109,7 +136,6 @@ void* BlockRing::push(std::uint64_t bytes) {
   e.bytes = bytes;
   if (m.deep) {
     e.offset = m.slot(bytes);
-    if (!m.fifo.empty() && e.offset < m.fifo.front().offset) m.wrapped = true;
     p = m.arena->base() + e.offset;
     m.head = e.offset + bytes;
   } else {
@@ -121,8 +147,40 @@ void* BlockRing::push(std::uint64_t bytes) {
   }
   m.fifo.push_back(e);
   m.used += bytes;
-  if (m.deep) account_memory(static_cast<std::int64_t>(bytes));  // the arena accounts its own
+  if (m.deep) {
+    m.set_wrapped();
+    account_memory(static_cast<std::int64_t>(bytes));  // the arena accounts its own
+  }
   return p;
+}
+
+void* BlockRing::push_streamed(std::uint64_t bytes) {
+  Impl& m = *impl_;
+  bytes = page_up(bytes);
+  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0) return nullptr;
+  if (m.fifo.empty() || m.slot(bytes) < m.capacity) return push(bytes);
+  Impl::Entry e;
+  e.bytes = bytes;
+  // After the newest block when the ring has wrapped and it fits before the end (the bytes it
+  // waits for are then the oldest blocks'), else from the start.
+  e.offset = m.wrapped && bytes <= m.capacity - m.head ? m.head : 0;
+  m.fifo.push_back(e);
+  m.overlap = m.held_by_older(e.offset, bytes);
+  const std::uint64_t added = bytes - m.overlap;
+  m.used += added;
+  m.head = e.offset + bytes;
+  m.set_wrapped();
+  account_memory(static_cast<std::int64_t>(added));
+  return m.arena->base() + e.offset;
+}
+
+bool BlockRing::streaming() const { return impl_->overlap > 0; }
+
+bool BlockRing::range_free(const void* p, std::uint64_t bytes) const {
+  const Impl& m = *impl_;
+  if (!m.deep || m.overlap == 0) return true;
+  const std::uint64_t off = static_cast<std::uint64_t>(static_cast<const char*>(p) - m.arena->base());
+  return m.held_by_older(off, bytes) == 0;
 }
 
 void BlockRing::pop() {
@@ -130,16 +188,27 @@ void BlockRing::pop() {
   if (m.fifo.empty()) return;
   const Impl::Entry e = m.fifo.front();
   m.fifo.pop_front();
-  m.used -= e.bytes;
   if (m.deep) {
-    account_memory(-static_cast<std::int64_t>(e.bytes));
+    // Bytes a streamed newest block shares with this one stay held (by it).
+    std::uint64_t freed = e.bytes;
+    if (m.overlap > 0) {
+      const Impl::Entry& s = m.fifo.back();
+      const std::uint64_t a = std::max(e.offset, s.offset), b = std::min(e.offset + e.bytes, s.offset + s.bytes);
+      if (a < b) {
+        freed -= b - a;
+        m.overlap -= b - a;
+      }
+    }
+    m.used -= freed;
+    account_memory(-static_cast<std::int64_t>(freed));
     if (m.fifo.empty()) {
       m.head = 0;  // start over at the beginning: fewer pages touched, no tail lost
       m.wrapped = false;
-    } else if (m.fifo.front().offset < e.offset) {
-      m.wrapped = false;  // the oldest block is now the first of those placed from the start
+    } else {
+      m.set_wrapped();
     }
   } else {
+    m.used -= e.bytes;
     m.arena->release(e.offset == 1);
   }
 }

@@ -416,7 +416,10 @@ void set_executor_option(ExecutorOptions* o, const std::string& name, const std:
                                                {"equal", Planner::kEqual}});
     if (o->planner == Planner::kOptimal) o->residency = value == "auto";
   } else if (key == "read_ahead") {
-    o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"paper", ReadAhead::kPaper}});
+    // ring-whole: the ring without streaming (Note [Streaming into the ring]), for comparison.
+    o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
+                                                    {"paper", ReadAhead::kPaper}});
+    o->stream = value != "ring-whole";
   } else if (key == "verify") {
     o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
                                              {"never", Verify::kNever}});
@@ -453,8 +456,9 @@ void require_cuda(const std::string& origin) {
 // Note [A ring of one block]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The ring must hold the largest swapped block, not a pair: where the next block does not fit
-// next to the one executing, the cursor submits it once that one is popped, and there the read
-// does not overlap compute. That costs time only at those blocks, and it buys memory: vgg19 at
+// next to the one executing, it streams into the bytes the blocks before it free (Note
+// [Streaming into the ring] in ring.cpp; only what the executing block holds waits for it to
+// end; before streaming the whole read waited). That costs time only at those blocks, and it buys memory: vgg19 at
 // its minimum budget (517 MB: fc6 411 MB + fc7 67 MB + 39 MB of activations) could only swap
 // everything with a pair-sized ring (575 MB read per inference); with a ring of fc7's size it
 // keeps fc6 resident and reads 164 MB. The planner (partitioner's optimal_partition, kRing)
@@ -499,6 +503,7 @@ struct Executor::Impl {
   std::uint64_t weight_peak = 0;  // Executor::weight_memory().peak
   std::uint64_t used_bytes = 0;   // Executor::bytes_used()
   bool registered = false;        // the ring is registered with the reader (register_ring)
+  std::uint64_t streamed = 0;     // blocks read streamed (Executor::streamed_blocks)
   // Held by the thread using the executor except while a layer runs, so that shed() (any
   // thread) finds the state between two changes (Note [Shedding]).
   mutable std::recursive_mutex mu;
@@ -516,7 +521,15 @@ struct Executor::Impl {
     BlockReader::Ticket ticket = 0;
     bool resident = false;       // into `kept`
     bool next = false;           // for the next inference
+    // A block streamed into ring space older blocks still hold (Note [Streaming into the ring]
+    // in ring.cpp): read in pieces of kPiece bytes, pieces[i] the ticket of piece i once
+    // submitted (0 before); `ticket` stays 0.
+    std::vector<BlockReader::Ticket> pieces;
+    bool streamed() const { return !pieces.empty(); }
+    bool reads() const { return ticket != 0 || streamed(); }
   };
+  static constexpr std::uint64_t kPiece = kStreamPieceBytes;  // as the planner's simulation
+  static_assert(kPiece % kImageAlign == 0);
   std::deque<Fetch> fetches;
   int rd_block = 0;      // the cursor: next block to consider
   int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
@@ -659,6 +672,7 @@ struct Executor::Impl {
   // for the kernels of executed blocks but the newest (which may be running now) to free space.
   void pump(bool may_wait = false) {
     if (released || shed_pending || plan.blocks.empty()) return;
+    if (!fetches.empty() && fetches.back().streamed() && !stream_pieces(fetches.back())) return;
     const int n = static_cast<int>(plan.blocks.size());
     for (int guard = 0; guard < 2 * n + 2; ++guard) {
       if (rd_next && (!cross_inference || rd_block >= cur)) return;
@@ -682,7 +696,20 @@ struct Executor::Impl {
       } else if (f.bytes > 0) {
         if (cuda) reclaim(false);
         while (may_wait && !ring->fits(f.bytes) && gpu_pending.size() > 1) reclaim(true, true);
-        if (!ring->fits(f.bytes)) return;
+        if (!ring->fits(f.bytes)) {
+          // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
+          // their bytes. Not with checksums to verify (they need the layer whole in one read).
+          if (!opt.stream || !ring->deep() || ring->streaming() || f.bytes <= kPiece || !checks_for(first, bl).empty()) return;
+          f.at = static_cast<char*>(ring->push_streamed(f.bytes));
+          if (f.at == nullptr) return;
+          f.pieces.assign((f.bytes + kPiece - 1) / kPiece, 0);
+          ++streamed;
+          fetches.push_back(std::move(f));
+          stream_pieces(fetches.back());
+          note_in_use();
+          advance();
+          return;  // nothing goes after it until it is whole
+        }
         f.at = static_cast<char*>(ring->push(f.bytes));
         if (f.at == nullptr) throw Error(path + ": internal: block " + std::to_string(b) + " does not fit the ring");
       }
@@ -696,14 +723,70 @@ struct Executor::Impl {
       advance();
     }
   }
+  // Submits the pieces of a streamed fetch whose ring bytes no older block holds now; whether
+  // every piece is submitted.
+  bool stream_pieces(Fetch& f) {
+    bool all = true;
+    for (size_t i = 0; i < f.pieces.size(); ++i) {
+      if (f.pieces[i] != 0) continue;
+      const std::uint64_t at = i * kPiece, len = std::min(kPiece, f.bytes - at);
+      if (!ring->range_free(f.at + at, len)) {
+        all = false;
+        continue;
+      }
+      f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at);
+    }
+    return all;
+  }
+  // Cancels a fetch's reads (pieces not submitted yet: never will be).
+  void cancel_reads(const Fetch& f) {
+    if (f.ticket) reader->cancel(f.ticket);
+    for (auto t : f.pieces) {
+      if (t) reader->cancel(t);
+    }
+  }
+  // Waits for a fetch's reads: the first error, else ok. Every piece is waited for.
+  Status wait_reads(const Fetch& f) {
+    Status st;
+    if (f.ticket) st = reader->wait(f.ticket);
+    for (auto t : f.pieces) {
+      if (!t) continue;
+      Status s = reader->wait(t);
+      if (st.ok() && !s.ok()) st = s;
+    }
+    return st;
+  }
+  // Bytes of a fetch not landed yet (pieces not submitted: all of theirs); false when `wait` is
+  // false and the reader's lock is busy.
+  bool unlanded(const Fetch& f, bool wait, std::uint64_t* out) const {
+    std::uint64_t n = 0;
+    auto one = [&](BlockReader::Ticket t, std::uint64_t bytes) {
+      if (!t) {
+        n += bytes;
+        return true;
+      }
+      if (wait) {
+        n += reader->unlanded_bytes(t);
+        return true;
+      }
+      std::uint64_t u = 0;
+      if (!reader->try_unlanded_bytes(t, &u)) return false;
+      n += u;
+      return true;
+    };
+    if (f.ticket && !one(f.ticket, f.bytes)) return false;
+    for (size_t i = 0; i < f.pieces.size(); ++i) {
+      if (!one(f.pieces[i], std::min(kPiece, f.bytes - i * kPiece))) return false;
+    }
+    *out = n;
+    return true;
+  }
   // Cancels every read submitted and waits for the pieces already issued; releases the ring's
   // blocks. Resident blocks read whole stay.
   void drain() {
+    for (auto& f : fetches) cancel_reads(f);
     for (auto& f : fetches) {
-      if (f.ticket) reader->cancel(f.ticket);
-    }
-    for (auto& f : fetches) {
-      if (f.ticket) (void)reader->wait(f.ticket);
+      (void)wait_reads(f);
       if (f.resident && f.first == plan.blocks[f.block].first) kept_state[f.block] = Kept::kNone;
     }
     fetches.clear();
@@ -719,10 +802,13 @@ struct Executor::Impl {
     if (fetches.empty() || fetches.front().block != b || fetches.front().next) {
       throw Error(path + ": internal: block " + std::to_string(b) + " was not read ahead in order");
     }
+    if (fetches.front().streamed() && !stream_pieces(fetches.front())) {
+      throw Error(path + ": internal: block " + std::to_string(b) + " streamed while older blocks hold its bytes");
+    }
     Fetch f = fetches.front();
     fetches.pop_front();
-    if (f.ticket) {
-      Status st = reader->wait(f.ticket);
+    if (f.reads()) {
+      Status st = wait_reads(f);
       if (!st.ok()) {
         if (f.resident && kept_state[b] == Kept::kLoading) kept_state[b] = Kept::kNone;
         if (!f.resident) ring_pop_now();
@@ -1170,15 +1256,7 @@ bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) 
   for (const auto& f : m.fetches) {
     // Reads for this inference (between inferences: the next one's, `next` cleared by finish()).
     if (f.block != b || f.next) continue;
-    if (!f.ticket) {
-      *out = 0;
-      return true;
-    }
-    if (wait) {
-      *out = m.reader->unlanded_bytes(f.ticket);
-      return true;
-    }
-    return m.reader->try_unlanded_bytes(f.ticket, out);
+    return m.unlanded(f, wait, out);
   }
   *out = m.plan.block_bytes[b];  // not submitted yet
   return true;
@@ -1218,12 +1296,8 @@ bool Executor::shed(std::uint64_t budget) {
     }
   }
   // Reads: cancelled, and waited for (their pages are about to go).
-  for (auto& f : m.fetches) {
-    if (f.ticket) m.reader->cancel(f.ticket);
-  }
-  for (auto& f : m.fetches) {
-    if (f.ticket) (void)m.reader->wait(f.ticket);
-  }
+  for (auto& f : m.fetches) m.cancel_reads(f);
+  for (auto& f : m.fetches) (void)m.wait_reads(f);
   m.fetches.clear();
   // Registered (io_uring fixed buffer) pages are pinned by the kernel: dropping them from the
   // mapping would not free them. The reader is idle now: unregister first.
@@ -1288,6 +1362,10 @@ const ImageInfo& Executor::info() const { return impl_->info; }
 const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
 std::uint64_t Executor::bytes_used() const { return impl_->used_bytes; }
+std::uint64_t Executor::streamed_blocks() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->streamed;
+}
 double Executor::bind_us_per_tensor() const {
   return impl_->bound_tensors ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound_tensors) : 0.0;
 }

@@ -110,7 +110,7 @@ const char* to_string(ReadAhead r) {
 }
 
 double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
-                   std::uint64_t ring_bytes, int ring_depth, const CostModel& m) {
+                   std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream) {
   Prefix p(layers);
   struct Item {
     bool swapped;
@@ -169,6 +169,15 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     if (bytes <= cap - head) return head;
     return bytes <= oldest ? 0 : cap;
   };
+  auto pop = [&](double* room) {
+    const Held h = held.front();
+    compute_through(h.g);
+    *room = std::max(*room, finish[h.g]);
+    held_bytes -= h.bytes;
+    held.pop_front();
+    if (held.empty()) head = 0;
+    wrapped = held.size() > 1 && held.back().off <= held.front().off;
+  };
   for (size_t g = 0; g < total; ++g) {
     const Item& it = items[g % n];
     if (!it.swapped) continue;
@@ -176,25 +185,50 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     // The read starts once the reader is free and the block fits next to those not yet
     // executed (never two copies of one block: at most one inference ahead).
     double room = 0;
-    while (!held.empty() && (slot(bytes) >= cap || held.size() >= swapped ||
+    while (!held.empty() && (held.size() >= swapped ||
                              (ring_depth > 0 && held.size() >= static_cast<size_t>(ring_depth)))) {
-      const Held h = held.front();
-      compute_through(h.g);
-      room = std::max(room, finish[h.g]);
-      held_bytes -= h.bytes;
-      held.pop_front();
-      if (held.empty()) {
-        head = 0;
-        wrapped = false;
-      } else if (held.front().off < h.off) {
-        wrapped = false;
+      pop(&room);
+    }
+    if (stream && ring_depth == 0 && !held.empty() && slot(bytes) >= cap && bytes <= cap && bytes > kStreamPieceBytes) {
+      // Streamed (Note [Streaming into the ring] in allocator/src/ring.cpp): blocks executed by
+      // the time the reader gets here are gone; the rest free the block's pieces as they end.
+      while (!held.empty() && (compute_through(held.front().g), finish[held.front().g] <= t_read)) pop(&room);
+      if (!held.empty() && slot(bytes) >= cap) {
+        const std::uint64_t off = wrapped && bytes <= cap - head ? head : 0;
+        std::vector<std::pair<double, std::uint64_t>> pieces;  // when its bytes are free, bytes
+        size_t last = 0;  // held entries up to this one (FIFO) go before the block is whole
+        for (std::uint64_t at = 0; at < bytes; at += kStreamPieceBytes) {
+          const std::uint64_t len = std::min(kStreamPieceBytes, bytes - at);
+          double free_at = t_read;
+          for (size_t i = 0; i < held.size(); ++i) {
+            if (held[i].off < off + at + len && off + at < held[i].off + held[i].bytes) {
+              free_at = std::max(free_at, finish[held[i].g]);
+              last = std::max(last, i + 1);
+            }
+          }
+          pieces.emplace_back(free_at, len);
+        }
+        std::stable_sort(pieces.begin(), pieces.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        const double fixed = std::max(0.0, it.io - m.alpha_ms_per_byte * static_cast<double>(it.bytes));
+        double t = std::max(t_read, room) + fixed;
+        for (const auto& [free_at, len] : pieces) t = std::max(t, free_at) + m.alpha_ms_per_byte * static_cast<double>(len);
+        read_done[g] = t;
+        t_read = t;
+        for (size_t i = 0; i < last; ++i) pop(&room);
+        held.push_back(Held{g, off, bytes});
+        held_bytes += bytes;
+        head = off + bytes;
+        wrapped = held.size() > 1 && held.back().off <= held.front().off;
+        continue;
       }
     }
+    while (!held.empty() && slot(bytes) >= cap) pop(&room);
     const std::uint64_t off = slot(bytes) < cap ? slot(bytes) : 0;  // a block larger than the ring: as if alone
-    if (!held.empty() && off < held.front().off) wrapped = true;
+    held.push_back(Held{g, off, bytes});
+    wrapped = ring_depth != 2 && held.size() > 1 && held.back().off <= held.front().off;
     read_done[g] = std::max(t_read, room) + it.io;
     t_read = read_done[g];
-    held.push_back(Held{g, off, bytes});
     held_bytes += bytes;
     head = off + bytes;
   }

@@ -119,6 +119,15 @@ class SWAPNET_API BlockRing {
   // contiguous bytes (4 KiB aligned), or nullptr when it does not fit next to the blocks held.
   bool fits(std::uint64_t bytes) const;
   void* push(std::uint64_t bytes);
+  // Deep rings: pushes a block that does not fit yet where it will once the older blocks it
+  // overlaps are gone (Note [Streaming into the ring] in ring.cpp); its bytes may be written
+  // only where range_free() says so. Nothing more fits until the overlap is gone (streaming()).
+  // A block that fits is pushed as by push(); nullptr for a block larger than the ring, while
+  // another block streams, or where the ring is not deep.
+  void* push_streamed(std::uint64_t bytes);
+  bool streaming() const;
+  // Whether no block older than the newest holds any of [p, p + bytes) (always, when none streams).
+  bool range_free(const void* p, std::uint64_t bytes) const;
   void pop();    // releases the oldest block (swap-out: no write-back)
   void clear();  // releases every block
   std::size_t blocks() const;

@@ -223,6 +223,10 @@ struct ExecutorOptions {
   //  kPaper: the paper's pipeline: two blocks (the one executing and the next), one inference at
   //          a time, planned with its formula. For comparison.
   ReadAhead read_ahead = ReadAhead::kRing;
+  // kRing: a block that does not fit yet is read in pieces into the bytes older blocks free as
+  // they are popped (Note [Streaming into the ring] in allocator/src/ring.cpp); false: it waits
+  // until its whole room is free (read-ahead "ring-whole", for comparison).
+  bool stream = true;
 };
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
@@ -359,6 +363,8 @@ class SWAPNET_API Executor {
   // Bytes of reads that inferences have used, since open: bytes_read() less what is read ahead
   // for an inference not yet run and what a budget change dropped.
   std::uint64_t bytes_used() const;
+  // Blocks read streamed into ring space older blocks still held, since open.
+  std::uint64_t streamed_blocks() const;
   double bind_us_per_tensor() const;     // mean cost of binding one tensor by reference
   IoBackend backend() const;
   MemoryKind memory() const;

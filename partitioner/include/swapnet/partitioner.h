@@ -91,10 +91,14 @@ struct Partition {
 SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                               const std::vector<char>& resident, const CostModel& m);
 // Steady-state latency of back-to-back inferences with a read-ahead ring of `ring_bytes`
-// (depth 0: unlimited, 2: two blocks), played event by event (the ring pipeline above).
+// (depth 0: unlimited, 2: two blocks), played event by event (the ring pipeline above). With
+// depth 0 a block that does not fit yet streams in pieces of kStreamPieceBytes into the bytes
+// older blocks free as they end, as the executor reads it (Note [Streaming into the ring] in
+// allocator/src/ring.cpp); `stream` false: it waits for its whole room (read-ahead ring-whole).
+inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
-                               const CostModel& m);
+                               const CostModel& m, bool stream = true);
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
