@@ -60,14 +60,16 @@ for rate in $rates; do
 import json, sys
 res, prof, dev, m, rate, data, minimum = sys.argv[1:]
 j, p, d = json.load(open(res)), json.load(open(prof)), json.load(open(dev))
-swap, direct, naive = j["latency_ms"]["median"], j["direct"]["latency_ms"]["median"], j["naive"]["latency_ms"]["median"]
+nv = j.get("naive", {})  # {"skipped": why} below the paper blocks' minimum (a pair of layers)
+swap, direct = j["latency_ms"]["median"], j["direct"]["latency_ms"]["median"]
+naive = nv["latency_ms"]["median"] if "latency_ms" in nv else None
 bound = max(direct, j["io_bound_ms"])
 print(json.dumps({
     "model": m, "rate": rate, "budget_bytes": j["budget_bytes"], "model_bytes": int(data), "min_budget_bytes": int(minimum),
     "blocks": j["num_blocks"], "resident_bytes": j["resident_bytes"], "ring_bytes": j["arena_bytes"],
     "direct_ms": direct, "swapnet_ms": swap, "naive_ms": naive, "io_bound_ms": j["io_bound_ms"],
     "raw_io_mb_s": j["raw_io_mb_s"], "ratio_vs_bound": swap / bound, "ratio_vs_direct": swap / direct,
-    "naive_vs_swapnet": naive / swap, "predicted_ms": j["predicted_ms"],
+    "naive_vs_swapnet": naive / swap if naive else None, "naive_skipped": nv.get("skipped"), "predicted_ms": j["predicted_ms"],
     "direct_under_io_ms": j["direct_under_io"]["latency_ms"]["median"],
     "background_mb_s": j["direct_under_io"]["background_mb_s"],
     "ratio_vs_bound_under_io": j["ratio_vs_bound_under_io"],
@@ -79,9 +81,9 @@ print(json.dumps({
     "prediction_error": abs(j["predicted_ms"] - swap) / swap,
     "bytes_read_per_inference": j["bytes_read_per_inference"], "min_read_bytes": j["min_read_bytes"],
     "read_vs_least": j["bytes_read_per_inference"] / j["min_read_bytes"] if j["min_read_bytes"] else None,
-    "naive_bytes_read_per_inference": j["naive"]["bytes_read_per_inference"],
+    "naive_bytes_read_per_inference": nv.get("bytes_read_per_inference"),
     "page_cache_direct": j["direct"]["page_cache_growth_bytes"], "page_cache_swapnet": j["page_cache_growth_bytes"],
-    "page_cache_naive": j["naive"]["page_cache_growth_bytes"],
+    "page_cache_naive": nv.get("page_cache_growth_bytes"),
     "peak_model_bytes": j["peak_model_bytes"], "within_budget": j["peak_model_bytes"] <= j["budget_bytes"],
     "bytes_from_device": d.get("bytes_read_from_device"), "equal": j["equal"],
     "profile_fitted_read_mb_s": p["fitted_read_mb_s"], "profile_sustained_mb_s": p.get("sustained_read_mb_s"),

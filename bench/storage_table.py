@@ -34,12 +34,12 @@ for r in rows:
     least = r["read_vs_least"]
     print("| " + " | ".join([
         r["model"], r["rate"], mb(r["budget_bytes"]), f'{r["direct_ms"]:.0f}', f'{r["swapnet_ms"]:.0f}',
-        f'{r["naive_ms"]:.0f}', f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', f'{r["ratio_vs_bound"]:.3f}',
+        num(r["naive_ms"], ".0f") if r["naive_ms"] is not None else "does not fit", f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', f'{r["ratio_vs_bound"]:.3f}',
         num(r.get("memory_bound_ms"), ".0f"), num(r.get("ratio_vs_physical_bound"), ".3f"),
         f'{r["direct_under_io_ms"]:.0f}', f'{r["ratio_vs_bound_under_io"]:.3f}',
-        f'{r["naive_vs_swapnet"]:.2f}', mb(r["bytes_read_per_inference"]), mb(r["min_read_bytes"]),
+        num(r["naive_vs_swapnet"], ".2f"), mb(r["bytes_read_per_inference"]), mb(r["min_read_bytes"]),
         "-" if least is None else f"{least:.3f}",
-        "/".join(mb(max(0, r[k])) for k in ("page_cache_direct", "page_cache_swapnet", "page_cache_naive")),
+        "/".join("-" if r[k] is None else mb(max(0, r[k])) for k in ("page_cache_direct", "page_cache_swapnet", "page_cache_naive")),
         f'{100 * r["prediction_error"]:.0f} %', "yes" if r["equal"] else "NO"]) + " |")
 def worst(key, what, extra=""):
     """One summary line: the worst ratio `key` over the rows that have it, and how many are within 1.05."""
@@ -58,7 +58,9 @@ worst("ratio_vs_physical_bound", "physical bound max(direct, memory_bound)",
       f"; memory bound more than 1 % above max(direct, io_bound) in {above}")
 worst("ratio_vs_physical_bound_under_io", "physical bound under the same reads")
 worst("ratio_vs_bound_under_io", "max(direct under the same reads, io_bound)")
-print(f"naive / swapnet: {min(r['naive_vs_swapnet'] for r in rows):.2f} .. {max(r['naive_vs_swapnet'] for r in rows):.2f}; "
+nv = [r["naive_vs_swapnet"] for r in rows if r["naive_vs_swapnet"] is not None]
+print(f"naive / swapnet: {min(nv or [0]):.2f} .. {max(nv or [0]):.2f} "
+      f"({sum(r['naive_vs_swapnet'] is None for r in rows)} rows where naive does not fit the budget); "
       f"plan reads / least any plan reads: {max(r['read_vs_least'] or 1 for r in rows):.3f} at most")
 rates = []
 for r in rows:

@@ -76,7 +76,7 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
   ExecutorOptions eo;
   eo.budget = budget;
   use_profile(prof, &eo);
-  const std::uint64_t minimum = min_budget(info);
+  const std::uint64_t minimum = min_budget(info, eo);
   json j = {{"image", path}, {"budget_bytes", budget}, {"min_budget_bytes", minimum}, {"feasible", budget >= minimum}};
   j["profile"] = {{"alpha_ms_per_byte", prof.cost.alpha_ms_per_byte}, {"beta_ms_per_tensor", prof.cost.beta_ms_per_tensor},
                   {"block_ms", prof.cost.block_ms}, {"eta_ms_per_tensor", prof.cost.eta_ms_per_tensor},
@@ -111,7 +111,8 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
     j["equal_bytes"] = plan_json(plan_execution(info, equal));
     ExecutorOptions two = eo;
     two.read_ahead = ReadAhead::kPaper;
-    j["paper_pipeline"] = plan_json(plan_execution(info, two));
+    // Below the two-block pipeline's minimum (a pair of layers) only the ring runs.
+    j["paper_pipeline"] = budget >= min_budget(info, two) ? plan_json(plan_execution(info, two)) : json(nullptr);
   } else {
     j["blocks"] = json::array();
     j["resident_layers"] = json::array();
@@ -167,10 +168,14 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
                 format_bytes(j["arena_bytes"].get<std::uint64_t>()).c_str(), j["read_ahead"].get<std::string>().c_str(),
                 format_bytes(j["pair_bytes"].get<std::uint64_t>()).c_str(),
                 format_bytes(j["min_read_bytes"].get<std::uint64_t>()).c_str());
-    std::printf("  without residency %.1f ms (reads %s); equal bytes %.1f ms; the paper's two-block pipeline %.1f ms\n",
+    char paper_pipeline[96] = "does not fit (it needs the largest pair of adjacent layers)";
+    if (!j["paper_pipeline"].is_null()) {
+      std::snprintf(paper_pipeline, sizeof paper_pipeline, "%.1f ms", j["paper_pipeline"]["predicted_ms"].get<double>());
+    }
+    std::printf("  without residency %.1f ms (reads %s); equal bytes %.1f ms; the paper's two-block pipeline %s\n",
                 j["no_residency"]["predicted_ms"].get<double>(),
                 format_bytes(j["no_residency"]["bytes_read_per_inference"].get<std::uint64_t>()).c_str(),
-                j["equal_bytes"]["predicted_ms"].get<double>(), j["paper_pipeline"]["predicted_ms"].get<double>());
+                j["equal_bytes"]["predicted_ms"].get<double>(), paper_pipeline);
     if (!j["physical_bound_ms"].is_null()) {
       std::printf("  no schedule in this budget is faster than %.1f ms (memory bound %.1f ms, at %.0f MB/s and %.1f ms "
                   "of compute)\n",

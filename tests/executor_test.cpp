@@ -295,6 +295,49 @@ TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
   }
 }
 
+// The ring's minimum is the largest layer (+ activations + pinned), below the two-block
+// pipelines' largest adjacent pair: it runs there, bit-identical; paper read-ahead is refused
+// there with its own minimum.
+TEST(Executor, TheRingRunsInTheLargestLayer) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  ExecutorOptions o, paper;
+  paper.read_ahead = ReadAhead::kPaper;
+  const std::uint64_t ring_min = min_budget(info, o), pair_min = min_budget(info, paper);
+  std::uint64_t largest = 0, pair = 0;
+  for (size_t k = 0; k < info.layers.size(); ++k) {
+    largest = std::max(largest, info.layers[k].size);
+    if (k + 1 < info.layers.size()) pair = std::max(pair, info.layers[k].size + info.layers[k + 1].size);
+  }
+  EXPECT_EQ(pair_min - ring_min, pair - largest);
+  o.budget = ring_min;
+  auto ex = Executor::open(pk.img, o);
+  EXPECT_EQ(ex->plan().arena_bytes, largest);
+  EXPECT_LE(ex->plan().total(), ring_min);
+  torch::manual_seed(9);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor in = x.clone();  // the caller's input, before the inference
+    const std::uint64_t base = cpu_meter().current;
+    reset_cpu_meter_peak();
+    ex->reset_weight_peak();
+    Comparison c = compare_outputs(expected, ex->forward({in}));
+    ASSERT_TRUE(c.equal) << i << ": " << c.difference;
+    EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak - base), ring_min) << i;
+  }
+  EXPECT_GT(ex->streamed_blocks(), 0u);
+  o.budget = ring_min - 4096;
+  std::string e = error_of([&] { Executor::open(pk.img, o); });
+  EXPECT_NE(e.find("the minimum for this model is " + std::to_string(ring_min) + " bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("the largest layer"), std::string::npos) << e;
+  paper.budget = ring_min;
+  e = error_of([&] { Executor::open(pk.img, paper); });
+  EXPECT_NE(e.find("the minimum for this model is " + std::to_string(pair_min) + " bytes"), std::string::npos) << e;
+  EXPECT_NE(e.find("the two largest adjacent layers"), std::string::npos) << e;
+}
+
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   torch::jit::Module& m = pk.m;

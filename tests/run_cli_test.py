@@ -41,9 +41,19 @@ def main() -> int:
         expect(j["peak_model_bytes"] <= budget, f"peak {j['peak_model_bytes']} > budget {budget}")
         expect(j["page_cache_growth_bytes"] < (1 << 20), f"page cache grew {j['page_cache_growth_bytes']}")
         expect(j["num_blocks"] >= 2 or budget >= info["data_bytes"], "expected swapping at a third")
+    # naive (and the GPU's two-ended ring) read the paper's blocks: their minimum is the largest
+    # pair of adjacent layers, at least the ring's (the largest layer); below it they are refused
+    # with their own minimum.
+    rc, out, err = run(cli, "run", img, "--budget", "4096", "--mode", "naive", "--iters", "1")
+    m = re.search(r"the minimum for this model is (\d+) bytes \([^:]*: the two largest adjacent layers", err)
+    expect(rc == 2 and m is not None, f"naive, tiny budget: exit {rc}, {err!r}")
+    pair_minimum = int(m.group(1)) if m else 0
+    expect(pair_minimum >= minimum, f"naive's minimum {pair_minimum} below the ring's {minimum}")
     for mode in ("naive", "direct"):
-        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--mode", mode, "--iters", "1", "--json")
+        b = max(budget, pair_minimum) if mode == "naive" else budget
+        rc, out, err = run(cli, "run", img, "--budget", str(b), "--mode", mode, "--iters", "1", "--json")
         expect(rc == 0, f"--mode {mode}: exit {rc}: {err}")
+    budget = max(budget, pair_minimum)
     rc, out, err = run(cli, "run", img, "--budget", str(budget), "--device", "cuda", "--check", "--iters", "2", "--json")
     if os.environ.get("SWAPNET_EXPECT_GPU"):
         expect(rc == 0, f"--device cuda: exit {rc}: {err}")

@@ -278,14 +278,17 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   return p;
 }
 
-std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk) {
+// The deep ring needs the largest layer (Note [A ring of one block]), the two-block pipelines the
+// largest adjacent pair.
+std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra) {
   const int L = static_cast<int>(info.layers.size());
   if (L == 0) return info.activation_bytes;
   const std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
   Blocks finest;
   for (int k = 0; k < L; ++k) finest.emplace_back(k, k);
   const CostModel m;
-  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m, ReadAhead::kPaper, 0);
+  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m,
+                                ra == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kPaper, 0);
   // The finest partition minimises the largest adjacent pair; one block may still be smaller
   // (a one- or two-layer model).
   ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m, ReadAhead::kPaper, 0);
@@ -305,16 +308,17 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
 }
 
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
-  const std::uint64_t minimum = min_budget_for(info, sk);
+  const ReadAhead ra = effective_read_ahead(o);
+  const std::uint64_t minimum = min_budget_for(info, sk, ra);
   auto too_small = [&](const std::string& what) {
     return Error(origin + ": budget " + std::to_string(o.budget) + " bytes (" + format_bytes(o.budget) + ") " + what +
                  "; the minimum for this model is " + std::to_string(minimum) + " bytes (" + format_bytes(minimum) +
-                 ": the two largest adjacent layers + " + format_bytes(info.activation_bytes) + " of activations)");
+                 (ra == ReadAhead::kRing ? ": the largest layer + " : ": the two largest adjacent layers + ") +
+                 format_bytes(info.activation_bytes) + " of activations)");
   };
   if (info.layers.empty()) throw Error(origin + ": the image has no layers");
   const int L = static_cast<int>(info.layers.size());
   const std::vector<LayerCost> costs = layer_costs(info, o);
-  const ReadAhead ra = effective_read_ahead(o);
   auto done = [&](ExecutionPlan p) {
     p.min_budget = minimum;
     return p;
@@ -368,8 +372,8 @@ std::uint64_t default_grid_step(const ImageInfo& info) {
   return std::max<std::uint64_t>(1u << 20, info.data_size / 64);
 }
 
-std::uint64_t min_budget(const ImageInfo& info) {
-  return min_budget_for(info, Skeleton::from_image(info, info.source));
+std::uint64_t min_budget(const ImageInfo& info, const ExecutorOptions& options) {
+  return min_budget_for(info, Skeleton::from_image(info, info.source), effective_read_ahead(options));
 }
 
 std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) {
@@ -1451,11 +1455,12 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
     reserve = planning_reserve(m.info, m.sk, m.opt);
     PartitionOptions po;
     po.residency = m.opt.residency;
+    po.read_ahead = effective_read_ahead(m.opt);
     local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info), po);
     table = local.get();
   }
   std::vector<std::pair<std::uint64_t, double>> curve;
-  const std::uint64_t minimum = min_budget_for(m.info, m.sk);
+  const std::uint64_t minimum = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt));
   ExecutorOptions o = m.opt;
   o.budget = minimum;
   o.partition.clear();

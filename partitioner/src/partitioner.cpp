@@ -404,9 +404,13 @@ std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t
   return least;
 }
 
-std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers) {
+std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers, ReadAhead read_ahead) {
   if (layers.size() <= 1) return layers.empty() ? 0 : layers[0].bytes;
   std::uint64_t worst = 0;
+  if (read_ahead == ReadAhead::kRing) {
+    for (const auto& l : layers) worst = std::max(worst, l.bytes);
+    return worst;
+  }
   for (size_t k = 0; k + 1 < layers.size(); ++k) worst = std::max(worst, layers[k].bytes + layers[k + 1].bytes);
   std::uint64_t all = 0;
   for (const auto& l : layers) all += l.bytes;
@@ -722,7 +726,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
 
 PartitionTable::PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step,
                                const PartitionOptions& options) {
-  min_ = min_arena_bytes(layers);
+  min_ = min_arena_bytes(layers, options.read_ahead);
   std::uint64_t total = 0;
   for (const auto& l : layers) total += l.bytes;
   step = std::max<std::uint64_t>(step, 1);

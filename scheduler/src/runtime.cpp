@@ -539,7 +539,7 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     ImageInfo info;
     read_image_info(spec.image, &info).throw_if_error();
     ExecutorOptions o = spec.options;
-    o.budget = min_budget(info);  // opened small; the budgeter's share follows
+    o.budget = min_budget(info, o);  // opened small; the budgeter's share follows
     o.partition.clear();
     o.blocks = 0;
     o.resident.clear();

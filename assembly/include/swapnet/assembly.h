@@ -268,9 +268,11 @@ SWAPNET_API std::uint64_t planning_reserve(const ImageInfo& info, const Executor
 // The layer table as the partitioner sees it (bytes, tensors, execution time per `o`).
 SWAPNET_API std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o);
 
-// The smallest budget any partition of the image can run in: the two largest adjacent layers,
-// plus activations and pinned slots.
-SWAPNET_API std::uint64_t min_budget(const ImageInfo& info);
+// The smallest budget any partition of the image can run in with these options, plus
+// activations and pinned slots: the largest layer for the deep ring (the default on host
+// memory; Note [A ring of one block] in executor.cpp), the two largest adjacent layers for the
+// two-block pipelines (read-ahead paper, the GPU's two-ended ring).
+SWAPNET_API std::uint64_t min_budget(const ImageInfo& info, const ExecutorOptions& options = {});
 // No plan these options may run reads fewer bytes per inference in their budget (partitioner's
 // min_read_bytes over the budget less activations; pairs for the two-block pipelines).
 SWAPNET_API std::uint64_t min_read_bytes(const ImageInfo& info, const ExecutorOptions& options);

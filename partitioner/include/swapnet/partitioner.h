@@ -126,9 +126,21 @@ SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, s
 // physical bound of a memory-bound model. Infinite when a layer's weights and peak do not fit.
 // docs/partitioner.md has the derivation.
 SWAPNET_API double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte);
+// How swapped blocks are read ahead (what the executor will run).
+enum class ReadAhead {
+  kRing,      // a ring of whatever the resident blocks leave, as deep as it holds (host memory)
+  kTwoEnded,  // the same pipeline with two blocks at most (memory the GPU reads in place)
+  kPaper,     // the paper's two-block pipeline, one inference at a time (predict_ms)
+};
+
+SWAPNET_API const char* to_string(ReadAhead r);  // "ring", "two-ended", "paper"
+
 // The smallest memory any partition needs: the largest pair of adjacent layers (the finest
-// partition), or the whole model when that is smaller (tiny models).
-SWAPNET_API std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers);
+// partition; the two-block pipelines), or the whole model when that is smaller (tiny models).
+// kRing: the largest layer (Note [A ring of one block] in executor.cpp: the next block streams
+// into the bytes the one before frees).
+SWAPNET_API std::uint64_t min_arena_bytes(const std::vector<LayerCost>& layers,
+                                          ReadAhead read_ahead = ReadAhead::kPaper);
 
 // Exact: the minimum-latency partition fitting `capacity` in which exactly the layers with
 // resident_layer[k] != 0 are resident (maximal runs of them form the resident blocks).
@@ -144,14 +156,6 @@ SWAPNET_API Partition exhaustive_partition_for(const std::vector<LayerCost>& lay
 SWAPNET_API Partition exhaustive_partition_any(const std::vector<LayerCost>& layers, std::uint64_t capacity,
                                                const CostModel& m);
 
-// How swapped blocks are read ahead (what the executor will run).
-enum class ReadAhead {
-  kRing,      // a ring of whatever the resident blocks leave, as deep as it holds (host memory)
-  kTwoEnded,  // the same pipeline with two blocks at most (memory the GPU reads in place)
-  kPaper,     // the paper's two-block pipeline, one inference at a time (predict_ms)
-};
-
-SWAPNET_API const char* to_string(ReadAhead r);  // "ring", "two-ended", "paper"
 
 struct PartitionOptions {
   bool residency = true;  // false: every block swapped every inference (the paper)
@@ -169,7 +173,7 @@ SWAPNET_API Partition optimal_partition(const std::vector<LayerCost>& layers, st
 // partition by a binary search (microseconds) instead of a search (milliseconds).
 class SWAPNET_API PartitionTable {
  public:
-  // Grid from min_arena_bytes to the model's bytes (where everything is resident) in `step` bytes.
+  // Grid from min_arena_bytes (for options.read_ahead) to the model's bytes (where everything is resident) in `step` bytes.
   PartitionTable(const std::vector<LayerCost>& layers, const CostModel& m, std::uint64_t step,
                  const PartitionOptions& options = {});
   // The best partition whose memory is <= `capacity` (largest grid point not above it);
