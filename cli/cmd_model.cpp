@@ -29,7 +29,9 @@ namespace {
 using json = nlohmann::json;
 
 std::vector<c10::IValue> make_inputs(const Common& c) {
-  if (c.input_shapes.empty()) throw Error("--input-shape is required (e.g. --input-shape 1,3,224,224)");
+  if (c.input_shapes.empty()) {
+    throw Error("an input is required: --input-shape 1,3,224,224 (float) or --input SPEC, e.g. --input int64[1,16]:0..8000");
+  }
   return random_inputs(c.input_shapes, c.seed);
 }
 
@@ -160,17 +162,8 @@ int inspect_image(const std::string& path, const Common& c) {
 
 }  // namespace
 
-std::vector<c10::IValue> random_inputs(const std::vector<std::string>& shapes, std::uint64_t seed) {
-  torch::manual_seed(seed);
-  std::vector<c10::IValue> in;
-  for (const auto& s : shapes) in.emplace_back(torch::randn(parse_shape(s)));
-  return in;
-}
-
-std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in) {
-  std::vector<c10::IValue> out;
-  for (const auto& v : in) out.emplace_back(v.toTensor().clone());
-  return out;
+std::vector<c10::IValue> random_inputs(const std::vector<std::string>& specs, std::uint64_t seed) {
+  return swapnet::make_inputs(specs, seed);
 }
 
 void apply_common(const Common& c) {

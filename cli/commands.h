@@ -16,7 +16,10 @@ namespace swapnet {
 namespace cli {
 
 struct Common {
-  std::vector<std::string> input_shapes;  // --input-shape, repeatable
+  // --input SPEC or --input-shape S, repeatable, one per forward argument (make_inputs in
+  // assembly.h); --input's are moved here after parsing.
+  std::vector<std::string> input_shapes;
+  std::vector<std::string> inputs;        // --input, as parsed
   bool json = false;                      // --json: one JSON object on stdout
   int threads = 0;                        // --threads: intra-op threads, 0 = all cores
   std::uint64_t seed = 0;                 // --seed of the random input

@@ -14,10 +14,10 @@
 namespace swapnet {
 namespace cli {
 
-// Random normal tensors of the given shapes ("1,3,224,224" each), seeded.
-std::vector<c10::IValue> random_inputs(const std::vector<std::string>& shapes, std::uint64_t seed);
-// Inputs are cloned for every run: a model may modify its input in place.
-std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
+// The inputs the specs name (--input / --input-shape: make_inputs, Note [Input specs]), seeded.
+std::vector<c10::IValue> random_inputs(const std::vector<std::string>& specs, std::uint64_t seed);
+// Inputs are cloned for every run (clone_inputs in assembly.h): a model may modify its input in place.
+using swapnet::clone_inputs;
 // The run's inputs: --input-shape, else the example input the image records.
 std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes);
 std::vector<std::string> split(const std::string& s, char sep);

@@ -28,8 +28,13 @@ using swapnet::cli::Common;
 void add_common(CLI::App* app, Common& c, bool model_inputs, bool required) {
   if (model_inputs) {
     auto* o = app->add_option("--input-shape", c.input_shapes,
-                              "shape of forward's input, e.g. 1,3,224,224 (repeat for several inputs)");
-    if (required) o->required();
+                              "shape of forward's float input, e.g. 1,3,224,224 (repeat for several inputs)");
+    auto* typed = app->add_option("--input", c.inputs,
+                                  "forward's input, typed (repeat, one per argument): DTYPE[SHAPE] e.g. "
+                                  "int64[1,16]:0..8000 (integers in [0, 8000)), float32[8,1,8,0,64], bool[1,16]; "
+                                  "none (an optional argument); @FILE (torch.save or .npy)");
+    o->excludes(typed);
+    (void)required;  // one of the two: checked where the inputs are made (it names both)
     app->add_option("--seed", c.seed, "seed of the random input (default 0)");
   }
   app->add_flag("--json", c.json, "print one JSON object on stdout");
@@ -169,6 +174,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (!common.inputs.empty()) common.input_shapes = common.inputs;  // --input and --input-shape exclude each other
   try {
     if (*inspect) return swapnet::cli::inspect(model, common, iters < 1 ? 1 : iters);
     if (*verify) return swapnet::cli::verify(model, common, runs < 1 ? 1 : runs, image);

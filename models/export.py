@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+from typing import Optional
 
 import torch
 from torch import nn
@@ -68,6 +69,25 @@ class InplaceWeight(nn.Module):
         return self.fc(x)
 
 
+class TokenClassifier(nn.Module):
+    """Token ids in (int64) and an optional mask: a model random float inputs cannot run
+    (typed inputs: --input int64[2,16]:0..1000 --input none, or a bool mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.out = nn.Linear(256, 10)
+
+    def forward(self, tokens: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        h = self.emb(tokens)
+        if mask is not None:
+            h = h * mask.unsqueeze(-1).to(h.dtype)
+        h = torch.relu(self.fc1(h.mean(dim=1)))
+        return self.out(torch.relu(self.fc2(h)))
+
+
 class SmallConvBN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,6 +105,8 @@ MODELS = {
     "mobilenet_v2": (lambda: tv().mobilenet_v2(weights=None), [1, 3, 224, 224], "script"),
     "synthetic": (synthetic.Branchy, [2, 3, 16, 16], "script"),
     "resnet18_traced": (lambda: tv().resnet18(weights=None), [1, 3, 64, 64], "trace"),
+    # typed inputs (int64 token ids, an optional mask): its "shape" is the input specs
+    "token_classifier": (TokenClassifier, ["int64[2,16]:0..1000", "none"], "script"),
     # paper: the four models the design is evaluated on
     "resnet101": (lambda: tv().resnet101(weights=None), [1, 3, 224, 224], "script"),
     "vgg19": (lambda: tv().vgg19(weights=None), [1, 3, 224, 224], "script"),
@@ -119,7 +141,7 @@ MODELS = {
 }
 
 SETS = {
-    "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced"],
+    "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier"],
     "paper": ["resnet101", "vgg19", "fcn_resnet101", "yolov3"],
     "zoo": ["densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2",
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",

@@ -279,8 +279,55 @@ TEST(Compare, FindsTheFirstDifference) {
 
 TEST(ParseShape, ReadsAndRefuses) {
   EXPECT_EQ(parse_shape("1,3,224,224"), (std::vector<int64_t>{1, 3, 224, 224}));
-  EXPECT_NE(error_of([] { parse_shape("1,,3"); }).find("'' is not a positive integer"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_shape("0"); }).find("'0' is not a positive integer"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_shape("1,,3"); }).find("'' is not a non-negative integer"), std::string::npos);
+  EXPECT_EQ(parse_shape("8,1,0,64"), (std::vector<int64_t>{8, 1, 0, 64})) << "zero-size dimensions";
+  EXPECT_NE(error_of([] { parse_shape("-1"); }).find("'-1' is not a non-negative integer"), std::string::npos);
+}
+
+// Input specs (Note [Input specs]): dtypes, shapes (zero-size, 0-dim), integer ranges, None, the
+// float shorthand drawing what --input-shape always drew, one seed naming one input, errors.
+TEST(InputSpecs, MakeWhatTheSpecsSay) {
+  auto in = make_inputs({"int64[2,16]:5..9", "none", "bool[3]", "float16[2,0,4]", "int32[]", "uint8[4]:250..256",
+                         "bfloat16[1,2]", "float64[2]"},
+                        7);
+  ASSERT_EQ(in.size(), 8u);
+  const at::Tensor ids = in[0].toTensor();
+  EXPECT_EQ(ids.scalar_type(), at::kLong);
+  EXPECT_EQ(ids.sizes(), (std::vector<int64_t>{2, 16}));
+  EXPECT_GE(ids.min().item<int64_t>(), 5);
+  EXPECT_LE(ids.max().item<int64_t>(), 8) << "HI is excluded";
+  EXPECT_TRUE(in[1].isNone());
+  EXPECT_EQ(in[2].toTensor().scalar_type(), at::kBool);
+  EXPECT_EQ(in[3].toTensor().scalar_type(), at::kHalf);
+  EXPECT_EQ(in[3].toTensor().numel(), 0);
+  EXPECT_EQ(in[4].toTensor().dim(), 0);
+  EXPECT_GE(in[5].toTensor().min().item<int>(), 250);
+  EXPECT_EQ(in[6].toTensor().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(in[7].toTensor().scalar_type(), at::kDouble);
+  // Same specs and seed: the same values; the shorthand is torch::randn after seeding.
+  EXPECT_TRUE(make_inputs({"int64[2,16]:5..9"}, 7)[0].toTensor().equal(ids));
+  EXPECT_FALSE(make_inputs({"int64[2,16]:0..1000"}, 8)[0].toTensor().equal(make_inputs({"int64[2,16]:0..1000"}, 7)[0].toTensor()));
+  torch::manual_seed(3);
+  const at::Tensor a = torch::randn({1, 3, 4});
+  EXPECT_TRUE(make_inputs({"1,3,4"}, 3)[0].toTensor().equal(a));
+  EXPECT_TRUE(make_inputs({"float32[1,3,4]"}, 3)[0].toTensor().equal(a));
+  // clone_inputs: tensors copied, None kept.
+  auto copy = clone_inputs(in);
+  EXPECT_TRUE(copy[1].isNone());
+  EXPECT_NE(copy[0].toTensor().data_ptr(), ids.data_ptr());
+  EXPECT_TRUE(copy[0].toTensor().equal(ids));
+  for (const auto& [spec, says] : std::vector<std::pair<std::string, std::string>>{
+           {"int65[2]", "dtype 'int65' is not one of"},
+           {"float32[2]:0..5", "a range is for integer dtypes"},
+           {"int64[2]:5..5", "is empty"},
+           {"int64[2]:x..5", "'x' is not an integer"},
+           {"int64[2]5..9", "is not a range :LO..HI"},
+           {"int64[2", "no ']'"},
+           {"@/nonexistent/file.pt", "cannot open"}}) {
+    const std::string e = error_of([&] { make_inputs({spec}, 0); });
+    EXPECT_NE(e.find("input '" + spec + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find(says), std::string::npos) << spec << ": " << e;
+  }
 }
 
 }  // namespace

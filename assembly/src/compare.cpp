@@ -95,8 +95,8 @@ std::vector<std::int64_t> parse_shape(const std::string& text) {
     std::string part = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     long long v = std::strtoll(part.c_str(), &end, 10);
-    if (part.empty() || end == nullptr || *end != '\0' || v <= 0 || v > (1LL << 40)) {
-      throw Error("input shape '" + text + "': '" + part + "' is not a positive integer (expected e.g. 1,3,224,224)");
+    if (part.empty() || end == nullptr || *end != '\0' || v < 0 || v > (1LL << 40)) {
+      throw Error("input shape '" + text + "': '" + part + "' is not a non-negative integer (expected e.g. 1,3,224,224)");
     }
     out.push_back(v);
     if (comma == std::string::npos) break;

@@ -384,7 +384,19 @@ struct Comparison {
 };
 SWAPNET_API Comparison compare_outputs(const c10::IValue& expected, const c10::IValue& actual);
 
-// Reads a shape like "1,3,224,224"; throws Error naming the text.
+// Reads a shape like "1,3,224,224" (zero-size dimensions allowed); throws Error naming the text.
 SWAPNET_API std::vector<std::int64_t> parse_shape(const std::string& text);
+
+// ---- example inputs ----
+// One forward argument per spec (Note [Input specs] in inputs.cpp): "1,3,224,224" (float32,
+// normal), "DTYPE[SHAPE]" with DTYPE float32|float64|float16|bfloat16|int64|int32|int16|int8|
+// uint8|bool (e.g. "int64[1,16]:0..8000": integers uniform in [0, 8000), default 0..10;
+// zero-size dimensions allowed; "int64[]" a 0-dim tensor), "none" (None), "@FILE" (torch.save
+// or .npy). Drawn in order after seeding the global generator with `seed`. Throws Error naming
+// the spec and what is wrong.
+SWAPNET_API std::vector<c10::IValue> make_inputs(const std::vector<std::string>& specs, std::uint64_t seed);
+// A copy for one run (a model may modify its input in place): tensors cloned, other values
+// deep-copied, None kept.
+SWAPNET_API std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
 
 }  // namespace swapnet
