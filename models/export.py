@@ -88,6 +88,20 @@ class TokenClassifier(nn.Module):
         return self.out(torch.relu(self.fc2(h)))
 
 
+class MaskedEncoder(nn.Module):
+    """nn.TransformerEncoder with its optional masks as forward arguments (typed inputs: a float
+    attention mask, a bool padding mask, or none for either)."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.enc(x, mask=mask, src_key_padding_mask=padding)
+
+
 class SmallConvBN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -107,6 +121,7 @@ MODELS = {
     "resnet18_traced": (lambda: tv().resnet18(weights=None), [1, 3, 64, 64], "trace"),
     # typed inputs (int64 token ids, an optional mask): its "shape" is the input specs
     "token_classifier": (TokenClassifier, ["int64[2,16]:0..1000", "none"], "script"),
+    "transformer_encoder": (MaskedEncoder, ["float32[2,10,64]", "float32[10,10]", "none"], "script"),
     # paper: the four models the design is evaluated on
     "resnet101": (lambda: tv().resnet101(weights=None), [1, 3, 224, 224], "script"),
     "vgg19": (lambda: tv().vgg19(weights=None), [1, 3, 224, 224], "script"),
@@ -141,7 +156,8 @@ MODELS = {
 }
 
 SETS = {
-    "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier"],
+    "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier",
+              "transformer_encoder"],
     "paper": ["resnet101", "vgg19", "fcn_resnet101", "yolov3"],
     "zoo": ["densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2",
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",

@@ -318,7 +318,8 @@ TEST(InputSpecs, MakeWhatTheSpecsSay) {
   EXPECT_TRUE(copy[0].toTensor().equal(ids));
   for (const auto& [spec, says] : std::vector<std::pair<std::string, std::string>>{
            {"int65[2]", "dtype 'int65' is not one of"},
-           {"float32[2]:0..5", "a range is for integer dtypes"},
+           {"float32[2]:0..5", "a range is for integer and bool dtypes"},
+           {"bool[2]:0..3", "a bool range lies within 0..2"},
            {"int64[2]:5..5", "is empty"},
            {"int64[2]:x..5", "'x' is not an integer"},
            {"int64[2]5..9", "is not a range :LO..HI"},

@@ -5,7 +5,11 @@ optional mask). verify is bit-identical with int64 ids and None, with a bool mas
 zero-size batch and with inputs from files (torch.save and .npy); pack records the specs and run
 --check uses them; bad specs are refused naming the spec and what is wrong.
 
-  typed_input_cli_test.py SWAPNET_CLI token_classifier.pt WORKDIR
+With a second model, transformer_encoder (nn.TransformerEncoder taking its attention mask and
+padding mask as optional arguments): verify with both masks and with none, pack with a float
+mask, run --check, bit-identical.
+
+  typed_input_cli_test.py SWAPNET_CLI token_classifier.pt WORKDIR [transformer_encoder.pt]
 """
 import json
 import os
@@ -60,7 +64,7 @@ def main() -> int:
 
     # Bad specs: the spec named, and what is wrong with it.
     for spec, says in [("int65[2,16]", "dtype 'int65' is not one of"),
-                       ("float32[2,16]:0..5", "a range is for integer dtypes"),
+                       ("float32[2,16]:0..5", "a range is for integer and bool dtypes"),
                        ("int64[2,16]:5..5", "is empty"),
                        ("int64[2,16]:a..5", "'a' is not an integer"),
                        ("int64[2,16", "no ']'"),
@@ -71,6 +75,27 @@ def main() -> int:
         expect(rc == 2 and f"input '{spec}'" in err and says in err, f"spec {spec!r}: exit {rc}, {err[-300:]}")
     rc, out, err = run(cli, "verify", model, "--input", "int64[2,16]", "--input-shape", "2,16")
     expect(rc == 2, f"--input with --input-shape: exit {rc}")
+
+    if len(sys.argv) > 4:
+        enc = sys.argv[4]
+        x = ["--input", "float32[2,10,64]"]
+        for inputs, what in [(x + ["--input", "none", "--input", "none"], "no masks"),
+                             (x + ["--input", "float32[10,10]", "--input", "none"], "an attention mask"),
+                             (x + ["--input", "none", "--input", "bool[2,10]:0..1"], "a padding mask of False"),
+                             (x + ["--input", "float32[10,10]", "--input", "bool[2,10]:0..1"], "both masks")]:
+            rc, out, err = run(cli, "verify", enc, *inputs, "--json")
+            j = json.loads(out) if rc == 0 and out else {}
+            expect(rc == 0 and j.get("equal") is True, f"encoder verify, {what}: exit {rc}, {err[-300:]}")
+        eimg = os.path.join(work, "transformer_encoder.swapnet")
+        rc, out, err = run(cli, "pack", enc, "-o", eimg, *x, "--input", "float32[10,10]", "--input", "none")
+        expect(rc == 0, f"encoder pack: exit {rc}: {err[-300:]}")
+        if rc == 0:
+            rc, out, err = run(cli, "run", eimg, "--budget", "4096", "--iters", "1")
+            least = int(err.split("the minimum for this model is ")[1].split()[0]) if "minimum for this model" in err else 0
+            expect(least > 0, f"encoder minimum: {err[-300:]}")
+            rc, out, err = run(cli, "run", eimg, "--budget", str(least), "--check", "--iters", "2", "--json")
+            j = json.loads(out) if rc == 0 and out else {}
+            expect(rc == 0 and j.get("equal") is True, f"encoder run --check: exit {rc}: {err[-300:]}")
     return checks.exit_status("typed inputs")
 
 

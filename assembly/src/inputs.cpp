@@ -6,7 +6,8 @@
 // One spec per forward argument. A bare shape ("1,3,224,224") is a float32 tensor drawn from a
 // normal distribution, as --input-shape always meant (same seed, same values as before typed
 // specs existed). "DTYPE[SHAPE]" names the dtype; integers are drawn uniformly from [LO, HI)
-// (":LO..HI", default 0..10, e.g. token ids "int64[1,16]:0..8000"), bool from {0, 1}. "none" is
+// (":LO..HI", default 0..10, e.g. token ids "int64[1,16]:0..8000"), bool from {0, 1} (":0..1"
+// all false, ":1..2" all true). "none" is
 // None for an optional argument; "@FILE" a tensor (or any value) saved with torch.save, or a
 // NumPy .npy array. Zero-size dimensions are allowed (an empty KV cache: "float32[8,1,8,0,64]");
 // "DTYPE[]" is a 0-dim tensor. Values are drawn in argument order from one generator seeded
@@ -171,16 +172,24 @@ c10::IValue make_input(const std::string& spec) {
     if (rest[0] != ':' || dots == std::string::npos) {
       throw Error("input '" + spec + "': '" + rest + "' after the shape is not a range :LO..HI");
     }
-    if (!integral) throw Error("input '" + spec + "': a range is for integer dtypes (" + name + " is drawn from a normal distribution)");
+    if (!integral && type != at::kBool) {
+      throw Error("input '" + spec + "': a range is for integer and bool dtypes (" + name +
+                  " is drawn from a normal distribution)");
+    }
     lo = parse_int(spec, rest.substr(1, dots - 1));
     hi = parse_int(spec, rest.substr(dots + 2));
+    if (type == at::kBool && (lo < 0 || hi > 2)) {
+      throw Error("input '" + spec + "': a bool range lies within 0..2 (0..1: all false, 1..2: all true)");
+    }
     if (hi <= lo) {
       throw Error("input '" + spec + "': range " + std::to_string(lo) + ".." + std::to_string(hi) +
                   " is empty (HI is excluded and must exceed LO)");
     }
   }
   const auto opts = at::TensorOptions().dtype(type);
-  if (type == at::kBool) return at::randint(0, 2, shape, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
+  if (type == at::kBool) {
+    return at::randint(rest.empty() ? 0 : lo, rest.empty() ? 2 : hi, shape, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
+  }
   if (integral) return at::randint(lo, hi, shape, opts);
   return at::randn(shape, at::TensorOptions().dtype(at::kFloat)).to(type);
 }
