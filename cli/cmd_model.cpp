@@ -329,6 +329,13 @@ int signature(const std::string& model) {
 int pack(const std::string& model, const std::string& out, const Common& c) {
   apply_common(c);
   auto t0 = Clock::now();
+  // The image records the specs space-separated (ImageInfo::input_shapes).
+  for (const auto& s : c.input_shapes) {
+    if (s.find_first_of(" \t\n") != std::string::npos) {
+      throw Error("input '" + s + "': pack records the input specs separated by spaces, so a spec may not contain one "
+                  "(a file path with a space: link or rename the file)");
+    }
+  }
   Skeleton sk = Skeleton::load(model);
   auto inputs = make_inputs(c);
   try {

@@ -62,6 +62,12 @@ def main() -> int:
         expect(j.get("num_blocks", 0) >= 2, f"swapped in blocks: {j.get('num_blocks')}")
         expect(j.get("peak_model_bytes", 1 << 62) <= budget, f"peak {j.get('peak_model_bytes')} > budget {budget}")
 
+    spaced = os.path.join(work, "with space.pt")
+    torch.save(torch.randint(0, 1000, (2, 16)), spaced)
+    rc, out, err = run(cli, "pack", model, "-o", os.path.join(work, "x.swapnet"), "--input", "@" + spaced, "--input", "none")
+    expect(rc == 2 and "may not contain one" in err and not os.path.exists(os.path.join(work, "x.swapnet")),
+           f"pack with a spaced path: exit {rc}, {err[-300:]}")
+
     # Bad specs: the spec named, and what is wrong with it.
     for spec, says in [("int65[2,16]", "dtype 'int65' is not one of"),
                        ("float32[2,16]:0..5", "a range is for integer and bool dtypes"),
