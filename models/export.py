@@ -102,6 +102,24 @@ class MaskedEncoder(nn.Module):
         return self.enc(x, mask=mask, src_key_padding_mask=padding)
 
 
+class Recurrent(nn.Module):
+    """A 2-layer LSTM (or bidirectional GRU) and a linear head: the fused kernels take the
+    module's _flat_weights, a list of tensors (Note [Tensor lists] in assembly/src/skeleton.cpp)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        if kind == "lstm":
+            self.rnn = nn.LSTM(32, 64, num_layers=2, batch_first=True)
+            self.head = nn.Linear(64, 8)
+        else:
+            self.rnn = nn.GRU(32, 64, num_layers=2, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(128, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.head(torch.relu(y))
+
+
 class SmallConvBN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -122,6 +140,8 @@ MODELS = {
     # typed inputs (int64 token ids, an optional mask): its "shape" is the input specs
     "token_classifier": (TokenClassifier, ["int64[2,16]:0..1000", "none"], "script"),
     "transformer_encoder": (MaskedEncoder, ["float32[2,10,64]", "float32[10,10]", "none"], "script"),
+    "lstm": (lambda: Recurrent("lstm"), [2, 12, 32], "script"),
+    "gru": (lambda: Recurrent("gru"), [2, 12, 32], "script"),
     # paper: the four models the design is evaluated on
     "resnet101": (lambda: tv().resnet101(weights=None), [1, 3, 224, 224], "script"),
     "vgg19": (lambda: tv().vgg19(weights=None), [1, 3, 224, 224], "script"),
@@ -157,7 +177,7 @@ MODELS = {
 
 SETS = {
     "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier",
-              "transformer_encoder"],
+              "transformer_encoder", "lstm", "gru"],
     "paper": ["resnet101", "vgg19", "fcn_resnet101", "yolov3"],
     "zoo": ["densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2",
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",

@@ -26,6 +26,16 @@
 // 4. Slots are owned by the first layer that reads them (their bytes are counted there); a
 //    slot read by no layer (num_batches_tracked in eval) belongs to the layer of its closest
 //    sibling by qualified name, so every byte of the module is accounted to exactly one layer.
+//
+// Note [Tensor lists]
+// ~~~~~~~~~~~~~~~~~~~
+// A list-of-tensors attribute (nn.LSTM / nn.GRU keep `_flat_weights`, a list of their own
+// parameters, and pass it to the fused kernel) cannot be a constant: it must hold whatever is
+// bound when its layer runs. Each element is a slot (the parameter it already is, or an
+// attribute slot named LIST.i), and the GetAttr is replaced by a prim::ListConstruct of those
+// slots' inputs at the GetAttr's place: a slot-reading node, so it starts a layer, and the
+// kernel that takes the list follows it in the same layer. Lists of other element types that
+// hold tensors (tuples, dicts) are still refused, naming the attribute.
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -219,6 +229,12 @@ void Skeleton::Impl::collect_slots(const jit::Module& m) {
   for (const auto& b : m.named_buffers(true)) add(b.name, b.value, SlotKind::kBuffer);
   for (const auto& a : m.named_attributes(true)) {
     if (a.value.isTensor()) add(a.name, a.value.toTensor(), SlotKind::kAttribute);
+    // A list of tensors (nn.LSTM's _flat_weights: its parameters again): each element a slot,
+    // unless it is one already (Note [Tensor lists]).
+    if (a.value.isTensorList()) {
+      const auto list = a.value.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) add(a.name + "." + std::to_string(i), list.get(i), SlotKind::kAttribute);
+    }
   }
 }
 
@@ -265,8 +281,28 @@ void Skeleton::Impl::lift(const jit::Module& m) {
         slot_of_input[in] = s->second;
       }
       n->output()->replaceAllUsesWith(in);
-    } else if (v.isTensorList() || (v.isList() && contains_tensor(v.type()))) {
-      refuse("attribute '" + path + "' is a list of tensors (" + v.type()->str() + "), which is not supported");
+    } else if (v.isTensorList()) {
+      // Note [Tensor lists]: the list is rebuilt where it is read, from the slots' inputs, so
+      // that it holds whatever is bound when that layer runs.
+      std::vector<Value*> elems;
+      const auto list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const at::Tensor t = list.get(i);
+        if (!t.defined()) refuse("attribute '" + path + "' holds an undefined tensor at " + std::to_string(i));
+        auto s = slot_by_impl.find(t.unsafeGetTensorImpl());
+        if (s == slot_by_impl.end()) refuse("tensor '" + path + "." + std::to_string(i) + "' is not a parameter, buffer or attribute");
+        Value*& in = input_of_slot[s->second];
+        if (in == nullptr) {
+          in = graph->addInput(slots[s->second].name)->setType(c10::TensorType::get());
+          slot_of_input[in] = s->second;
+        }
+        elems.push_back(in);
+      }
+      jit::WithInsertPoint guard(n);
+      Node* ln = graph->insertNode(graph->createList(c10::TensorType::get(), elems));
+      n->output()->replaceAllUsesWith(ln->output());
+    } else if (v.isList() && contains_tensor(v.type())) {
+      refuse("attribute '" + path + "' is a list holding tensors (" + v.type()->str() + "), which is not supported");
     } else {
       jit::WithInsertPoint guard(first);
       auto c = jit::tryInsertConstant(*graph, v);
