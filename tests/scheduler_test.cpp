@@ -7,10 +7,13 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <numeric>
@@ -496,6 +499,70 @@ TEST(Runtime, ACutBelowTheMinimumsPausesOneModelAndKeepsTheOther) {
   ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
   EXPECT_TRUE(compare_outputs(s.expected[1], rt->submit(1, {s.x[1].clone()}).get()).equal);
   EXPECT_GE(rt->adaptations().back().took_ms, 0);
+}
+
+// Note [Control clients]: stalled, half-written, oversized and garbage clients delay no other
+// client; each is closed (with an error where it sent something), and the server stays up.
+TEST(ControlServer, StalledClientsDelayNoBudgetChange) {
+  struct Target : BudgetTarget {
+    std::atomic<std::uint64_t> total{0};
+    void set_budget(std::uint64_t t) override { total = t; }
+    std::uint64_t total_budget() const override { return total; }
+    std::string status_json() const override { return "{\"total_budget_bytes\":" + std::to_string(total.load()) + "}"; }
+  } target;
+  char dir[] = "/tmp/swapnet-ctl-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/serve.sock";
+  ControlServer server(&target, path);
+  auto connect_raw = [&] {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+    return fd;
+  };
+  auto reply_of = [](int fd) {
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string r;
+    char c;
+    while (::read(fd, &c, 1) == 1 && c != '\n') r.push_back(c);
+    return r;
+  };
+  // Three stalled clients: one silent, one half a line, one garbage without an end.
+  std::vector<int> stalled = {connect_raw(), connect_raw(), connect_raw()};
+  ASSERT_EQ(::write(stalled[1], "budg", 4), 4);
+  ASSERT_EQ(::write(stalled[2], "\x01\xff\x00garbage", 10), 10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(control_request(path, "budget " + std::to_string(1000 + i)), "ok " + std::to_string(1000 + i));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(ms, 50) << "answered in " << ms << " ms with three stalled clients connected";
+  }
+  EXPECT_EQ(target.total.load(), 1004u);
+  EXPECT_NE(control_request(path, "status").find("1004"), std::string::npos);
+  // An oversized command is refused; the stalled ones are closed at their deadline, with an
+  // error where they sent something.
+  int big = connect_raw();
+  const std::string huge(8192, 'x');
+  ASSERT_EQ(::send(big, huge.data(), huge.size(), MSG_NOSIGNAL), static_cast<ssize_t>(huge.size()));
+  EXPECT_EQ(reply_of(big).rfind("error: a command is one line of at most 4096 bytes", 0), 0u);
+  ::close(big);
+  EXPECT_EQ(reply_of(stalled[0]), "") << "a silent client is closed without a word";
+  EXPECT_EQ(reply_of(stalled[1]), "error: no end of line within 2 s");
+  EXPECT_EQ(reply_of(stalled[2]), "error: no end of line within 2 s");
+  for (int fd : stalled) ::close(fd);
+  // Many clients at once, each with its line: every one answered.
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 32; ++i) {
+    ts.emplace_back([&] { ok += control_request(path, "status").find("total_budget_bytes") != std::string::npos; });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok.load(), 32);
+  EXPECT_EQ(control_request(path, "budget 2000"), "ok 2000") << "still serving";
 }
 
 TEST(Runtime, ControlSocketIsOwnerOnlyAndSetsTheBudget) {

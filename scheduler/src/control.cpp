@@ -9,7 +9,10 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <vector>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -188,29 +191,96 @@ struct ControlServer::Impl {
       return std::string("error: ") + e.what();
     }
   }
+  // Note [Control clients]
+  // ~~~~~~~~~~~~~~~~~~~~~~~
+  // A budget cut may be the kernel's last warning before the OOM killer, so no client may delay
+  // another: the socket and every client are polled together, non-blocking; a client's bytes
+  // are gathered until its line ends, and answered then. A client that has not sent its line
+  // within kClientDeadline, sends more than kMaxLine bytes without one, or is the oldest when
+  // kMaxClients are connected is closed (with an error line where it sent something). One
+  // blocking read per client with a 2 s timeout used to delay every later client by 2 s per
+  // stalled one.
+  static constexpr auto kClientDeadline = std::chrono::seconds(2);
+  static constexpr size_t kMaxLine = 4096;
+  static constexpr size_t kMaxClients = 64;
+  struct Client {
+    int fd;
+    std::string line;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  // Answers and closes a client with its line (empty: a probe, or gone: closed silently).
+  void finish(Client& c, const std::string& reply) {
+    if (!reply.empty()) write_all(c.fd, reply + "\n");
+    ::close(c.fd);
+    c.fd = -1;
+  }
   void loop() {
+    std::vector<Client> clients;
     while (true) {
-      pollfd p[2] = {{fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) {
+      std::vector<pollfd> p = {{fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
+      for (const auto& c : clients) p.push_back({c.fd, POLLIN, 0});
+      const auto now = std::chrono::steady_clock::now();
+      int timeout = -1;
+      for (const auto& c : clients) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - now).count();
+        timeout = timeout < 0 ? static_cast<int>(std::max<long long>(left, 0))
+                              : std::min(timeout, static_cast<int>(std::max<long long>(left, 0)));
+      }
+      if (::poll(p.data(), p.size(), timeout) < 0) {
         if (errno == EINTR) continue;
         break;
       }
       if (p[1].revents) break;
-      if (!(p[0].revents & POLLIN)) continue;
-      int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) {  // e.g. EMFILE: do not spin
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+      for (size_t i = 0; i < clients.size(); ++i) {
+        Client& c = clients[i];
+        if (!(p[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[512];
+        ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) {  // gone; a line without its newline still counts
+          finish(c, c.line.empty() ? std::string() : answer_logged(c.line));
+          continue;
+        }
+        const char* end = static_cast<const char*>(std::memchr(buf, '\n', static_cast<size_t>(n)));
+        c.line.append(buf, end ? static_cast<size_t>(end - buf) : static_cast<size_t>(n));
+        if (c.line.size() > kMaxLine) {
+          finish(c, "error: a command is one line of at most " + std::to_string(kMaxLine) + " bytes");
+        } else if (end != nullptr) {
+          finish(c, c.line.empty() ? std::string() : answer_logged(c.line));
+        }
       }
-      timeval tv{2, 0};
-      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      const std::string line = read_line(c);
-      if (!line.empty()) {  // empty: a probe, or a client that went away
-        log(LogLevel::kInfo, path + ": control: " + line);
-        write_all(c, answer(line) + "\n");
+      const auto after = std::chrono::steady_clock::now();
+      for (auto& c : clients) {
+        if (c.fd >= 0 && after >= c.deadline) {
+          finish(c, c.line.empty() ? std::string() : "error: no end of line within 2 s");
+        }
       }
-      ::close(c);
+      clients.erase(std::remove_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd < 0; }),
+                    clients.end());
+      if (p[0].revents & POLLIN) {
+        // Every connection waiting, so that a burst of them costs one wake-up.
+        while (true) {
+          int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (c < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {  // e.g. EMFILE: do not spin
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+            break;
+          }
+          if (clients.size() >= kMaxClients) {
+            finish(clients.front(), "error: too many control clients; the oldest goes");
+            clients.erase(clients.begin());
+          }
+          clients.push_back({c, std::string(), std::chrono::steady_clock::now() + kClientDeadline});
+        }
+      }
     }
+    for (auto& c : clients) ::close(c.fd);
+  }
+  std::string answer_logged(const std::string& line) {
+    log(LogLevel::kInfo, path + ": control: " + line.substr(0, 200));
+    return answer(line);
   }
 };
 
@@ -247,13 +317,13 @@ ControlServer::ControlServer(BudgetTarget* runtime, const std::string& path) : i
     if (live) throw Error(path + ": another swapnet serve is listening there");
     ::unlink(path.c_str());
   }
-  m.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  m.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (m.fd < 0) throw Error(path + ": socket: " + std::strerror(errno));
   const mode_t old = ::umask(0177);  // the socket is created owner-only (0600)
   const int rc = ::bind(m.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
   const int err = errno;
   ::umask(old);
-  if (rc != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(m.fd, 8) != 0) {
+  if (rc != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(m.fd, 64) != 0) {
     const std::string why = std::strerror(rc != 0 ? err : errno);
     ::close(m.fd);
     throw Error(path + ": cannot listen: " + why);
