@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -535,12 +536,17 @@ TEST(ControlServer, StalledClientsDelayNoBudgetChange) {
   ASSERT_EQ(::write(stalled[1], "budg", 4), 4);
   ASSERT_EQ(::write(stalled[2], "\x01\xff\x00garbage", 10), 10);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The median of five, so that one scheduling hiccup of a loaded test machine does not decide
+  // (the old one-client-at-a-time loop took 6 s for each).
+  std::vector<double> took;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(control_request(path, "budget " + std::to_string(1000 + i)), "ok " + std::to_string(1000 + i));
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(ms, 50) << "answered in " << ms << " ms with three stalled clients connected";
+    took.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
+  std::sort(took.begin(), took.end());
+  EXPECT_LT(took[2], 50) << "median answer " << took[2] << " ms with three stalled clients connected (slowest "
+                         << took[4] << " ms)";
   EXPECT_EQ(target.total.load(), 1004u);
   EXPECT_NE(control_request(path, "status").find("1004"), std::string::npos);
   // An oversized command is refused; the stalled ones are closed at their deadline, with an
