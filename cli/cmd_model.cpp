@@ -32,7 +32,7 @@ std::vector<c10::IValue> make_inputs(const Common& c) {
   if (c.input_shapes.empty()) {
     throw Error("an input is required: --input-shape 1,3,224,224 (float) or --input SPEC, e.g. --input int64[1,16]:0..8000");
   }
-  return random_inputs(c.input_shapes, c.seed);
+  return swapnet::make_inputs(c.input_shapes, c.seed);
 }
 
 std::string join_shapes(const std::vector<std::string>& s) {
@@ -161,10 +161,6 @@ int inspect_image(const std::string& path, const Common& c) {
 }
 
 }  // namespace
-
-std::vector<c10::IValue> random_inputs(const std::vector<std::string>& specs, std::uint64_t seed) {
-  return swapnet::make_inputs(specs, seed);
-}
 
 void apply_common(const Common& c) {
   set_log_level(parse_log_level(c.log_level));

@@ -56,7 +56,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes) {
   *shapes = c.input_shapes.empty() ? split(info.input_shapes, ' ') : c.input_shapes;
   if (shapes->empty()) throw Error("the image records no example input: give --input-shape");
-  return random_inputs(*shapes, c.seed);
+  return swapnet::make_inputs(*shapes, c.seed);
 }
 
 static void drop_page_cache(const std::string& path) {

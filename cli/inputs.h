@@ -14,11 +14,9 @@
 namespace swapnet {
 namespace cli {
 
-// The inputs the specs name (--input / --input-shape: make_inputs, Note [Input specs]), seeded.
-std::vector<c10::IValue> random_inputs(const std::vector<std::string>& specs, std::uint64_t seed);
-// Inputs are cloned for every run (clone_inputs in assembly.h): a model may modify its input in place.
-using swapnet::clone_inputs;
-// The run's inputs: --input-shape, else the example input the image records.
+// The run's inputs (make_inputs in assembly.h, Note [Input specs]): --input / --input-shape,
+// else the specs the image records. Each run takes clone_inputs() of them (a model may modify
+// its input in place).
 std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes);
 std::vector<std::string> split(const std::string& s, char sep);
 

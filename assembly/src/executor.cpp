@@ -703,7 +703,7 @@ struct Executor::Impl {
         if (!ring->fits(f.bytes)) {
           // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
           // their bytes. Not with checksums to verify (they need the layer whole in one read).
-          if (!opt.stream || !ring->deep() || ring->streaming() || f.bytes <= kPiece || !checks_for(first, bl).empty()) return;
+          if (!opt.stream || f.bytes <= kPiece || !checks_for(first, bl).empty()) return;
           f.at = static_cast<char*>(ring->push_streamed(f.bytes));
           if (f.at == nullptr) return;
           f.pieces.assign((f.bytes + kPiece - 1) / kPiece, 0);
