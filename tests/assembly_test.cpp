@@ -286,6 +286,32 @@ TEST(ParseShape, ReadsAndRefuses) {
 
 // Input specs (Note [Input specs]): dtypes, shapes (zero-size, 0-dim), integer ranges, None, the
 // float shorthand drawing what --input-shape always drew, one seed naming one input, errors.
+// Input profiles (Note [Dynamic shapes] in executor.cpp): what covers what.
+TEST(InputProfiles, CoverSmallerInputsOfTheSameKind) {
+  std::vector<c10::IValue> big{at::zeros({1, 16}, at::kLong), c10::IValue(), at::zeros({8, 1, 8, 32, 64})};
+  const std::vector<ImageInput> measured = describe_inputs(big);
+  EXPECT_EQ(inputs_text(measured), "int64[1,16] none float32[8,1,8,32,64]");
+  auto cov = [&](std::vector<c10::IValue> in) { return covers(measured, describe_inputs(in)); };
+  EXPECT_TRUE(cov({at::zeros({1, 4}, at::kLong), c10::IValue(), at::zeros({8, 1, 8, 0, 64})}));  // an empty cache
+  EXPECT_TRUE(cov(big));
+  EXPECT_FALSE(cov({at::zeros({1, 17}, at::kLong), c10::IValue(), at::zeros({8, 1, 8, 0, 64})})) << "longer";
+  EXPECT_FALSE(cov({at::zeros({1, 4}, at::kInt), c10::IValue(), at::zeros({8, 1, 8, 0, 64})})) << "dtype";
+  EXPECT_FALSE(cov({at::zeros({1, 4}, at::kLong), at::zeros({1}), at::zeros({8, 1, 8, 0, 64})})) << "None vs tensor";
+  EXPECT_FALSE(cov({at::zeros({4}, at::kLong), c10::IValue(), at::zeros({8, 1, 8, 0, 64})})) << "rank";
+  EXPECT_FALSE(cov({at::zeros({1, 4}, at::kLong), c10::IValue()})) << "fewer arguments";
+  // Lists by length and elements; other values by equality.
+  c10::List<at::Tensor> two({at::zeros({2, 3}), at::zeros({4})});
+  c10::List<at::Tensor> three({at::zeros({2, 3}), at::zeros({4}), at::zeros({4})});
+  const std::vector<ImageInput> listed = describe_inputs({two, c10::IValue(int64_t{5})});
+  EXPECT_TRUE(covers(listed, describe_inputs({c10::List<at::Tensor>({at::zeros({1, 3}), at::zeros({4})}), c10::IValue(int64_t{5})})));
+  EXPECT_FALSE(covers(listed, describe_inputs({three, c10::IValue(int64_t{5})})));
+  EXPECT_FALSE(covers(listed, describe_inputs({two, c10::IValue(int64_t{6})})));
+  // Images packed before profiles: float shapes only.
+  EXPECT_EQ(inputs_text(legacy_input_profile("1,3,8,8 2,0")), "float32[1,3,8,8] float32[2,0]");
+  EXPECT_TRUE(legacy_input_profile("int64[1,4]:0..9").empty());
+  EXPECT_TRUE(legacy_input_profile("1,3 None").empty());
+}
+
 TEST(InputSpecs, MakeWhatTheSpecsSay) {
   auto in = make_inputs({"int64[2,16]:5..9", "none", "bool[3]", "float16[2,0,4]", "int32[]", "uint8[4]:250..256",
                          "bfloat16[1,2]", "float64[2]"},

@@ -338,6 +338,113 @@ TEST(Executor, TheRingRunsInTheLargestLayer) {
   EXPECT_NE(e.find("the two largest adjacent layers"), std::string::npos) << e;
 }
 
+// Note [Dynamic shapes]: an input larger than any measured runs within the budget while its
+// activations are measured (weights at their least, the allocator refusing past the rest of the
+// budget), and later inferences plan with them; an input the budget cannot hold is refused with
+// the numbers, within the budget, and the executor goes on.
+TEST(Executor, LargerInputsAreMeasuredWithinTheBudgetOrRefused) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  ASSERT_EQ(info.input_profiles.size(), 1u);
+  EXPECT_EQ(inputs_text(info.input_profiles[0].inputs), "float32[1,3,64,64]");
+  ExecutorOptions o;
+  o.budget = info.data_size / 2;
+  auto ex = Executor::open(pk.img, o);
+  const std::uint64_t reserve64 = ex->plan().activation_bytes;
+  EXPECT_EQ(reserve64, info.activation_bytes);
+  install_cpu_meter();
+  // Memory over one inference, step by step: the weights held during a step (fixed: plans change
+  // between steps) + the activations' peak in it + the input stay within the budget; so do the
+  // output and the plan adopted after it. Returns what the last step threw ("" if none).
+  auto steps = [&](const at::Tensor& in, c10::IValue* out) -> std::string {
+    const std::uint64_t base = cpu_meter().current;
+    const std::uint64_t input = in.nbytes();
+    ex->begin({in});
+    bool done = false;
+    while (!done) {
+      const std::uint64_t held = ex->weight_memory().held;
+      reset_cpu_meter_peak();
+      std::string e = error_of([&] { done = ex->step(); });
+      EXPECT_LE(held + (cpu_meter().peak - base) + input, o.budget) << in.sizes() << " at layer " << ex->next_layer();
+      if (e != "(no error)") return e;
+    }
+    const std::uint64_t held = ex->weight_memory().held;
+    reset_cpu_meter_peak();
+    *out = ex->finish();
+    EXPECT_LE(held + (cpu_meter().peak - base) + input, o.budget) << in.sizes() << " in finish";
+    EXPECT_LE(ex->weight_memory().held + (cpu_meter().current - base) + input, o.budget) << in.sizes() << " after";
+    return "";
+  };
+  auto run = [&](const std::vector<int64_t>& shape, int seed) {
+    torch::manual_seed(seed);
+    at::Tensor x = torch::randn(shape);
+    const c10::IValue expected = reference(pk.m, x);
+    c10::IValue out;
+    EXPECT_EQ(steps(x.clone(), &out), "");
+    Comparison c = compare_outputs(expected, out);
+    EXPECT_TRUE(c.equal) << x.sizes() << ": " << c.difference;
+  };
+  run({1, 3, 64, 64}, 1);
+  EXPECT_EQ(ex->remeasured(), 0u) << "the packed input is covered";
+  run({1, 3, 96, 96}, 2);
+  EXPECT_EQ(ex->remeasured(), 1u);
+  const std::uint64_t reserve96 = ex->plan().activation_bytes;
+  EXPECT_GT(reserve96, reserve64);
+  run({1, 3, 128, 128}, 3);
+  EXPECT_EQ(ex->remeasured(), 2u);
+  EXPECT_GT(ex->plan().activation_bytes, reserve96);
+  EXPECT_LE(ex->plan().total(), o.budget);
+  run({1, 3, 112, 112}, 4);
+  run({1, 3, 128, 128}, 5);
+  run({1, 3, 32, 128}, 6);
+  EXPECT_EQ(ex->remeasured(), 2u) << "inputs no larger than one measured are covered";
+  std::vector<InputProfile> pr = ex->input_profiles();
+  ASSERT_EQ(pr.size(), 3u);
+  EXPECT_EQ(inputs_text(pr[2].inputs), "float32[1,3,128,128]");
+  EXPECT_EQ(ex->plan().activation_bytes, std::max({pr[0].activation_bytes, pr[1].activation_bytes, pr[2].activation_bytes}));
+
+  // A budget change in the middle of a measuring inference: bit-identical, within the new budget.
+  {
+    torch::manual_seed(7);
+    at::Tensor x = torch::randn({2, 3, 96, 96});
+    const c10::IValue expected = reference(pk.m, x);
+    const std::uint64_t grown = o.budget + (4u << 20);
+    ex->begin({x.clone()});
+    ASSERT_FALSE(ex->step());
+    ex->set_budget(grown);
+    while (!ex->step()) {
+    }
+    Comparison c = compare_outputs(expected, ex->finish());
+    EXPECT_TRUE(c.equal) << c.difference;
+    EXPECT_EQ(ex->remeasured(), 3u);
+    EXPECT_LE(ex->plan().total(), grown);
+    ex->set_budget(o.budget);
+    run({2, 3, 96, 96}, 8);
+    EXPECT_EQ(ex->remeasured(), 3u);
+  }
+
+  // Too large for the budget: refused before its activations pass what the budget leaves them.
+  const std::uint64_t reserve_before = ex->plan().activation_bytes;
+  torch::manual_seed(9);
+  at::Tensor huge = torch::randn({1, 3, 1024, 1024});
+  c10::IValue none;
+  std::string e = steps(huge, &none);
+  EXPECT_NE(e.find("input float32[1,3,1024,1024] needs more activations than the budget " + std::to_string(o.budget)),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("after the least weights"), std::string::npos) << e;
+  EXPECT_NE(e.find("reached in layer"), std::string::npos) << e;
+  EXPECT_EQ(ex->plan().activation_bytes, reserve_before) << "the reserve before is restored";
+  EXPECT_EQ(ex->remeasured(), 3u);
+  EXPECT_FALSE(ex->in_inference());
+  run({1, 3, 128, 128}, 10);  // and it goes on
+  // An input whose bytes alone exceed what the budget leaves activations: refused before it runs.
+  at::Tensor enormous = torch::zeros({1, 3, 4096, 4096});
+  e = error_of([&] { ex->begin({enormous}); });
+  EXPECT_NE(e.find("and the input alone is"), std::string::npos) << e;
+  EXPECT_FALSE(ex->in_inference());
+  run({1, 3, 64, 64}, 11);
+}
+
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   torch::jit::Module& m = pk.m;

@@ -128,7 +128,7 @@ TEST(Image, RoundTripsTablesAndAlignment) {
   EXPECT_EQ(got.layers[3].time_ms, 1.5);
   EXPECT_EQ(got.layers[3].live_bytes, 3u * 4096);
   EXPECT_EQ(got.layers[3].peak_bytes, 3u * 8192 + 1);
-  EXPECT_EQ(got.version, 3u);
+  EXPECT_EQ(got.version, 4u);
   std::string bytes = slurp(path);
   EXPECT_EQ(got.file_size, bytes.size());
   for (size_t t = 0; t < got.tensors.size(); ++t) {
@@ -178,7 +178,7 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   std::uint32_t v2 = 1;  // an image from an older build
   std::memcpy(&b[8], &v2, 4);
   reseal(b);
-  expect(b, "format version 1 is not supported (this build reads versions 2 to 3; re-pack the model)");
+  expect(b, "format version 1 is not supported (this build reads versions 2 to 4; re-pack the model)");
   expect(good.substr(0, good.size() - 4096), "truncated: file is");
   expect(good.substr(0, 100), "truncated: 100 bytes");
   // Absurd counts must be refused before anything is allocated.
@@ -208,6 +208,60 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   expect(good + std::string(4096, '\0'), "header says");
 }
 
+// Format 4 records the inputs activations were measured for (Note [Dynamic shapes]); a count
+// the bytes cannot hold and an out-of-range value are refused.
+TEST(Image, RoundTripsInputProfiles) {
+  Fixture f = make_fixture(2);
+  InputProfile a;
+  a.activation_bytes = 12345;
+  a.inputs.push_back(ImageInput{ImageInput::kTensor, 4, {1, 16}, ""});
+  a.inputs.push_back(ImageInput{ImageInput::kNone, 0, {}, ""});
+  a.inputs.push_back(ImageInput{ImageInput::kSequence, 0, {2}, ""});
+  a.inputs.push_back(ImageInput{ImageInput::kTensor, 6, {8, 0, 64}, ""});
+  a.inputs.push_back(ImageInput{ImageInput::kValue, 0, {}, "5"});
+  InputProfile b;
+  b.activation_bytes = 99;
+  f.info.input_profiles = {a, b};
+  ImageInfo got;
+  std::string bytes = slurp(write_fixture(f, "profiles.swapnet"));
+  Status s = parse_bytes(bytes, &got);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(got.input_profiles.size(), 2u);
+  EXPECT_EQ(got.input_profiles[0].activation_bytes, 12345u);
+  ASSERT_EQ(got.input_profiles[0].inputs.size(), 5u);
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    EXPECT_EQ(got.input_profiles[0].inputs[i].kind, a.inputs[i].kind) << i;
+    EXPECT_EQ(got.input_profiles[0].inputs[i].dtype, a.inputs[i].dtype) << i;
+    EXPECT_EQ(got.input_profiles[0].inputs[i].sizes, a.inputs[i].sizes) << i;
+    EXPECT_EQ(got.input_profiles[0].inputs[i].text, a.inputs[i].text) << i;
+  }
+  EXPECT_TRUE(got.input_profiles[1].inputs.empty());
+  // The first value's kind (right after the first profile's u64 bytes and u32 count, which
+  // follow the u32 profile count at the end of the skeleton blob) made out of range.
+  std::uint64_t meta_size = 0;
+  std::memcpy(&meta_size, &bytes[40], 8);
+  size_t profiles_bytes = 4;
+  for (const auto& p : f.info.input_profiles) {
+    profiles_bytes += 8 + 4;
+    for (const auto& v : p.inputs) profiles_bytes += 3 + 8 * v.sizes.size() + 4 + v.text.size();
+  }
+  const size_t first_kind = 4096 + meta_size - profiles_bytes + 4 + 8 + 4;
+  std::string bad = bytes;
+  bad[first_kind] = 9;
+  reseal(bad);
+  s = parse_bytes(bad, &got);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("input profile 0: value kind 9"), std::string::npos) << s.message();
+  // A profile count no metadata could hold.
+  bad = bytes;
+  std::uint32_t huge = 1u << 30;
+  std::memcpy(&bad[4096 + meta_size - profiles_bytes], &huge, 4);
+  reseal(bad);
+  s = parse_bytes(bad, &got);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("input profiles"), std::string::npos) << s.message();
+}
+
 // Images packed before format 3 (no per-layer activation peak) are still read: the peaks are 0
 // (not measured) and everything else is as written.
 TEST(Image, ReadsFormatVersion2) {
@@ -215,9 +269,13 @@ TEST(Image, ReadsFormatVersion2) {
   std::string b = slurp(write_fixture(f, "v2.swapnet"));
   ImageInfo v3;
   ASSERT_TRUE(parse_bytes(b, &v3).ok());
-  // Turn it into version 2: drop each layer's trailing u64 peak_bytes from the metadata.
+  // Turn it into version 2: drop the trailing u32 count of input profiles (none here; format 4)
+  // and each layer's trailing u64 peak_bytes (format 3) from the metadata.
   std::uint64_t meta_size = 0;
   std::memcpy(&meta_size, &b[40], 8);
+  b.erase(4096 + meta_size - 4, 4);
+  b.insert(4096 + meta_size - 4, 4, '\0');
+  meta_size -= 4;
   size_t pos = 4096 + 4 + f.info.source.size() + 4 + f.info.input_shapes.size() + 4 + 8;
   for (const auto& L : f.info.layers) {
     pos += 4 + L.name.size() + 4 + L.ops.size() + 8 * 3 + 4 * 2 + 8 * 4;  // through live_bytes

@@ -22,6 +22,7 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   sk.profile({x}, ProfileOptions{0, 1});
   PackOptions po;
   po.activation_bytes = measure_activation_bytes(sk, {x}, &po.layer_peak_bytes);
+  po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
   static std::string dir = [] {
     char t[] = "/tmp/swapnet-test-XXXXXX";
     return std::string(::mkdtemp(t));

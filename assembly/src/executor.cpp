@@ -66,6 +66,11 @@ std::atomic<std::uint64_t> g_cpu_peak{0};
 struct Account {
   std::atomic<std::uint64_t> current{0};
   std::atomic<std::uint64_t> peak{0};
+  // An allocation that would take `current` past a nonzero limit is refused (the allocator
+  // throws, as when out of memory) and `refused` set: an inference measuring the activations of
+  // a new input (Note [Dynamic shapes]) never runs past the budget.
+  std::atomic<std::uint64_t> limit{0};
+  std::atomic<bool> refused{false};
 };
 constexpr int kMaxAccounts = 256;
 Account g_accounts[kMaxAccounts];
@@ -99,12 +104,29 @@ class MeterAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) const override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &meter_free, c10::Device(c10::DeviceType::CPU));
-    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     const std::int32_t account = t_account;
+    if (account > 0) {
+      Account& a = g_accounts[account];
+      const std::uint64_t now = a.current.fetch_add(n) + n;
+      const std::uint64_t limit = a.limit.load();
+      if (limit > 0 && now > limit) {
+        a.current.fetch_sub(n);
+        a.refused.store(true);
+        TORCH_CHECK(false, "swapnet: an allocation of ", n, " bytes would take this inference's activations to ", now,
+                    " bytes, past the ", limit, " its budget leaves them");
+      }
+      raise_peak(a.peak, now);
+    }
+    char* base = nullptr;
+    try {
+      base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    } catch (...) {
+      if (account > 0) g_accounts[account].current.fetch_sub(n);
+      throw;
+    }
     std::memcpy(base, &n, sizeof n);
     std::memcpy(base + sizeof n, &account, sizeof account);
     raise_peak(g_cpu_peak, g_cpu_current.fetch_add(n) + n);
-    if (account > 0) raise_peak(g_accounts[account].peak, g_accounts[account].current.fetch_add(n) + n);
     void* data = base + kHeader;
     return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
   }
@@ -146,6 +168,34 @@ void reset_cpu_account_peak(int account) {
   g_accounts[account].peak.store(g_accounts[account].current.load());
 }
 
+namespace {
+// The limit of an account (0: none) and whether it refused an allocation since it was set.
+void set_cpu_account_limit(int account, std::uint64_t limit) {
+  if (account <= 0 || account >= kMaxAccounts) return;
+  g_accounts[account].refused.store(false);
+  g_accounts[account].limit.store(limit);
+}
+bool cpu_account_refused(int account) {
+  return account > 0 && account < kMaxAccounts && g_accounts[account].refused.load();
+}
+// Charges the calling thread's allocations to `account` while in scope (0: leaves it as is).
+class AccountScope {
+ public:
+  explicit AccountScope(int account) : on_(account > 0 && account != t_account), before_(t_account) {
+    if (on_) t_account = account;
+  }
+  ~AccountScope() {
+    if (on_) t_account = before_;
+  }
+  AccountScope(const AccountScope&) = delete;
+  AccountScope& operator=(const AccountScope&) = delete;
+
+ private:
+  bool on_;
+  int before_;
+};
+}  // namespace
+
 std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
                                        std::vector<std::uint64_t>* layer_peaks) {
   install_cpu_meter();
@@ -153,6 +203,9 @@ std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10
   const std::uint64_t base = cpu_meter().current;
   std::vector<c10::IValue> copies;
   for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+  // Held to the end, as a caller holds the inputs it passes (the run would free them once used,
+  // and the reserve then fell short by the input's bytes).
+  const std::vector<c10::IValue> held = copies;
   Skeleton::Run run = sk.begin(std::move(copies));
   std::uint64_t peak = cpu_meter().peak;
   const int L = static_cast<int>(sk.layers().size());
@@ -468,6 +521,30 @@ void require_cuda(const std::string& origin) {
 // keeps fc6 resident and reads 164 MB. The planner (partitioner's optimal_partition, kRing)
 // and simulate_ms() price the serialised reads; the two-ended pipelines still need a pair.
 //
+// Note [Dynamic shapes]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The budget reserves activations for the inputs they were measured at: the image's input
+// profiles (pack's example, and --input-profile's), each an input signature (describe_inputs:
+// dtypes, sizes, structure) with its peak. An input *covered* by one (covers(): same structure,
+// dtypes and other values, no dimension larger; activations do not grow when no dimension does)
+// runs under the plan. Any other input is measured by the inference it is for, within the
+// budget:
+//  - before it, the plan becomes one with weights at their least (weights_min: the minimum
+//    budget's ring and pinned slots) and activations allowed the rest of the budget;
+//  - the CPU meter charges the inference's allocations to an account (the thread's, e.g. a
+//    Runtime model's, or the executor's own) whose limit is that allowance: an allocation past
+//    it throws, as out-of-memory would, so the inference fails with the input, the budget, the
+//    least weights and the layer, and never runs over budget;
+//  - after it, its peak joins the profiles and the reserve becomes the largest peak measured
+//    (plans never shrink it: a smaller input later is covered), and the budget is re-planned.
+// An input larger only at run time costs one slower inference (the least-weight plan), then runs
+// at full speed; a sequence growing by one token per call (generation) would be measured at
+// every call, so such models record their largest input when packed (--input-profile). A budget
+// change during the measuring inference keeps weights at their least and moves the limit (a
+// budget below what the inference already holds is refused, as any budget below the minimum).
+// The GPU's activations are in PyTorch's caching allocator, which the meter does not see: there
+// an input no profile covers is refused, naming the profiles.
+//
 // Resumable inference: `run` holds the activations between layers; `cur` is the block being
 // executed and `bound` says whether its weights are bound (a step interrupted inside a block).
 // A budget change during an inference (set_budget between steps) cancels the reads in flight
@@ -515,6 +592,21 @@ struct Executor::Impl {
   bool shed_pending = false;      // shed() gave memory back: re-plan before the next layer
   std::uint64_t shed_held = 0;    // what is held since (the running layer's weights, pinned slots)
   bool cross_inference = true;    // the cursor reads on into the next inference (not kPaper)
+
+  // Note [Dynamic shapes]: inputs the activation reserve (info.activation_bytes) was measured
+  // for, and the inference measuring a new one.
+  std::vector<InputProfile> profiles;
+  std::uint64_t weights_min = 0;  // the least weight memory any plan needs (minimum budget less activations)
+  int own_account = 0;            // CPU meter account for measuring when the thread has none
+  std::uint64_t remeasured = 0;   // inputs measured since open
+  struct Measuring {
+    std::vector<ImageInput> inputs;
+    int account = 0;
+    std::uint64_t base = 0;         // the account's bytes at begin()
+    std::uint64_t input_bytes = 0;  // forward's input tensors (counted as pack counts them)
+    std::uint64_t reserve = 0;      // the reserve before (restored if the measurement fails)
+  };
+  std::optional<Measuring> measuring;
 
   // Reads submitted, in cursor order (Note [Read-ahead ring]).
   struct Fetch {
@@ -871,6 +963,14 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     }
   }
   m.cross_inference = options.read_ahead != ReadAhead::kPaper;
+  // Note [Dynamic shapes]: the reserve holds the largest input measured.
+  m.profiles = m.info.input_profiles;
+  if (m.profiles.empty()) {
+    std::vector<ImageInput> legacy = legacy_input_profile(m.info.input_shapes);
+    if (!legacy.empty() || m.info.num_inputs == 0) m.profiles.push_back(InputProfile{m.info.activation_bytes, legacy});
+  }
+  for (const auto& pr : m.profiles) m.info.activation_bytes = std::max(m.info.activation_bytes, pr.activation_bytes);
+  m.weights_min = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt)) - m.info.activation_bytes;
   ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
   BlockReader::open(image, options.reader, &m.reader).throw_if_error();
   if (m.cuda) {
@@ -1028,6 +1128,35 @@ void Executor::set_budget(std::uint64_t bytes) {
 
 void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
   const auto t_plan = std::chrono::steady_clock::now();
+  if (m.measuring) {
+    // Measuring a new input's activations (Note [Dynamic shapes]): weights stay at their least
+    // and activations get the rest of the new budget, less than they hold already: refused.
+    const Executor::Impl::Measuring ms = *m.measuring;  // a copy: reset below
+    const std::uint64_t allowance = bytes > m.weights_min ? bytes - m.weights_min : 0;
+    const CpuMeterStats now = cpu_account(ms.account);
+    const std::uint64_t held = (now.current > ms.base ? now.current - ms.base : 0) + ms.input_bytes;
+    if (allowance <= held) {
+      throw Error(m.path + ": budget " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
+                  ") is too small while an inference measures the activations of input " + inputs_text(ms.inputs) +
+                  ": it holds " + format_bytes(held) + " of them and the least weights need " +
+                  format_bytes(m.weights_min));
+    }
+    const std::uint64_t before = m.info.activation_bytes;
+    m.grid_reserve = m.grid_reserve - before + allowance;
+    m.info.activation_bytes = allowance;
+    m.measuring.reset();  // plan as for any reserve
+    try {
+      set_budget_locked(m, bytes);
+    } catch (...) {
+      m.grid_reserve = m.grid_reserve - allowance + before;
+      m.info.activation_bytes = before;
+      m.measuring = ms;
+      throw;
+    }
+    m.measuring = ms;
+    set_cpu_account_limit(ms.account, ms.base + allowance - ms.input_bytes);
+    return;
+  }
   ExecutorOptions o = m.opt;
   o.budget = bytes;
   o.partition.clear();
@@ -1040,7 +1169,7 @@ void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
       ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
                                     effective_read_ahead(o), bytes);
       if (p.total() <= bytes) {
-        p.min_budget = m.plan.min_budget;
+        p.min_budget = m.weights_min + m.info.activation_bytes;
         next = std::move(p);
       }
     }
@@ -1077,6 +1206,117 @@ void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
   m.pump();
 }
 
+namespace {
+
+std::string profiles_text(const Executor::Impl& m) {
+  if (m.profiles.empty()) return "none recorded in the image";
+  std::string out;
+  for (const auto& p : m.profiles) {
+    out += (out.empty() ? "" : "; ") + (p.inputs.empty() ? std::string("no inputs") : inputs_text(p.inputs)) + ": " +
+           format_bytes(p.activation_bytes);
+  }
+  return out;
+}
+
+// The activation reserve becomes `bytes`; re-plans at the budget in force (throws if it does not
+// fit, the reserve restored).
+void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
+  const std::uint64_t before = m.info.activation_bytes;
+  m.grid_reserve = m.grid_reserve - before + bytes;
+  m.info.activation_bytes = bytes;
+  try {
+    set_budget_locked(m, m.opt.budget);
+  } catch (...) {
+    m.grid_reserve = m.grid_reserve - bytes + before;
+    m.info.activation_bytes = before;
+    throw;
+  }
+}
+
+// Before an inference whose input no profile covers: weights planned at their least, activations
+// allowed the rest of the budget, the allocator refusing past it (Note [Dynamic shapes]).
+void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::vector<c10::IValue>& inputs) {
+  const std::string what = m.path + ": input " + inputs_text(in) + " is not covered by the inputs its activations were measured for (" +
+                           profiles_text(m) + ")";
+  if (m.cuda) {
+    throw Error(what + ", and activations on the GPU are not metered: re-pack with the largest input as the example "
+                       "(swapnet pack --input ..., or --input-profile)");
+  }
+  std::uint64_t input_bytes = 0;
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined()) input_bytes += v.toTensor().nbytes();
+  }
+  const std::uint64_t budget = m.opt.budget;
+  const std::uint64_t allowance = budget > m.weights_min ? budget - m.weights_min : 0;
+  if (allowance <= input_bytes) {
+    throw Error(what + "; the budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) + ") leaves " +
+                format_bytes(allowance) + " for activations after the least weights (" + format_bytes(m.weights_min) +
+                "), and the input alone is " + format_bytes(input_bytes));
+  }
+  install_cpu_meter();
+  int account = t_account;
+  if (account == 0) {
+    if (m.own_account == 0) m.own_account = new_cpu_account();
+    account = m.own_account;
+  }
+  if (account == 0) throw Error(what + ", and all CPU meter accounts are taken: it cannot be measured");
+  Executor::Impl::Measuring ms;
+  ms.inputs = std::move(in);
+  ms.account = account;
+  ms.base = cpu_account(account).current;
+  ms.input_bytes = input_bytes;
+  ms.reserve = m.info.activation_bytes;
+  set_reserve(m, allowance);
+  reset_cpu_account_peak(account);
+  set_cpu_account_limit(account, ms.base + allowance - input_bytes);
+  log(LogLevel::kInfo, what + ": measuring them in this inference, weights at their least (" + format_bytes(m.weights_min) +
+                           "), activations up to " + format_bytes(allowance));
+  m.measuring = std::move(ms);
+}
+
+// After the measuring inference (between inferences): records the input's activations and plans
+// with the larger reserve (`ok`), or restores the reserve before.
+void end_measuring(Executor::Impl& m, bool ok) {
+  if (!m.measuring) return;
+  const Executor::Impl::Measuring ms = std::move(*m.measuring);
+  m.measuring.reset();
+  const CpuMeterStats st = cpu_account(ms.account);
+  set_cpu_account_limit(ms.account, 0);
+  std::uint64_t reserve = ms.reserve;
+  if (m.released) {  // nothing to re-plan: the next set_budget() plans with the reserve before
+    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
+    m.info.activation_bytes = reserve;
+    return;
+  }
+  if (ok) {
+    const std::uint64_t measured = (st.peak > ms.base ? st.peak - ms.base : 0) + ms.input_bytes;
+    m.profiles.push_back(InputProfile{measured, ms.inputs});
+    ++m.remeasured;
+    reserve = std::max(reserve, measured);
+    log(LogLevel::kInfo, m.path + ": input " + inputs_text(ms.inputs) + " needs " + format_bytes(measured) +
+                             " of activations; the reserve is " + format_bytes(reserve) + " from now on");
+  }
+  try {
+    set_reserve(m, reserve);
+  } catch (const std::exception& e) {
+    // Cannot happen (the measurement stayed within the budget); if it does, keep the measuring
+    // plan, which fits.
+    log(LogLevel::kError, m.path + ": re-planning after measuring activations failed: " + e.what());
+  }
+}
+
+}  // namespace
+
+std::uint64_t Executor::remeasured() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->remeasured;
+}
+
+std::vector<InputProfile> Executor::input_profiles() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  return impl_->profiles;
+}
+
 void Executor::begin(std::vector<c10::IValue> inputs) {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
@@ -1084,12 +1324,23 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   // interrupt asks for; re-planning here would read back at the old budget first.
   if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
+  {
+    std::vector<ImageInput> in = describe_inputs(inputs);
+    bool covered = false;
+    for (const auto& p : m.profiles) covered = covered || covers(p.inputs, in);
+    if (!covered) start_measuring(m, std::move(in), inputs);
+  }
   if (m.cuda) {
     for (auto& v : inputs) {
       if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
     }
   }
-  m.run = std::make_unique<Skeleton::Run>(m.sk.begin(std::move(inputs)));
+  try {
+    m.run = std::make_unique<Skeleton::Run>(m.sk.begin(std::move(inputs)));
+  } catch (...) {
+    end_measuring(m, false);
+    throw;
+  }
   m.cur = 0;
   m.bound = false;
   m.cur_from_fetch = false;
@@ -1101,6 +1352,7 @@ bool Executor::step(int stop_before) {
   std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
   if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
+  AccountScope charge(m.measuring ? m.measuring->account : 0);
   try {
     if (m.shed_pending) {
       // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
@@ -1169,6 +1421,16 @@ bool Executor::step(int stop_before) {
     m.pump();
     return m.cur >= n;
   } catch (...) {
+    if (m.measuring && cpu_account_refused(m.measuring->account)) {
+      const int k = m.run->next_layer();
+      Error why(m.path + ": input " + inputs_text(m.measuring->inputs) + " needs more activations than the budget " +
+                std::to_string(m.opt.budget) + " bytes (" + format_bytes(m.opt.budget) + ") leaves them: " +
+                format_bytes(m.info.activation_bytes) + " after the least weights (" + format_bytes(m.weights_min) +
+                "), reached in layer " + std::to_string(k) + " (" + m.info.layers[k].name +
+                "); measured before: " + profiles_text(m) + ". A larger budget or a smaller input runs");
+      abort();
+      throw why;
+    }
     abort();
     throw;
   }
@@ -1182,6 +1444,7 @@ c10::IValue Executor::finish() {
   }
   c10::IValue out;
   try {
+    AccountScope charge(m.measuring ? m.measuring->account : 0);
     out = m.sk.finish(*m.run);
   } catch (...) {
     abort();
@@ -1194,6 +1457,7 @@ c10::IValue Executor::finish() {
   m.cur = 0;
   m.register_ring();
   m.pump();
+  end_measuring(m, true);  // re-plans with the reserve this input needs
   return out;
 }
 
@@ -1205,7 +1469,10 @@ void Executor::abort() {
   m.cur_from_fetch = false;
   m.cur = 0;
   m.yield.store(false);
-  if (m.released) return;
+  if (m.released) {
+    end_measuring(m, false);
+    return;
+  }
   // Nothing half-read stays: reads cancelled and waited for, the ring emptied, swapped views
   // dropped; resident blocks read whole and pinned slots stay bound.
   try {
@@ -1216,6 +1483,7 @@ void Executor::abort() {
   }
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   m.bind_loaded();
+  end_measuring(m, false);
 }
 
 bool Executor::in_inference() const {

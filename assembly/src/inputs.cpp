@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,114 @@ std::vector<c10::IValue> make_inputs(const std::vector<std::string>& specs, std:
   std::vector<c10::IValue> in;
   for (const auto& s : specs) in.push_back(make_input(s));
   return in;
+}
+
+// ---- input profiles ------------------------------------------------------------------------
+
+namespace {
+
+void describe(const c10::IValue& v, std::vector<ImageInput>* out) {
+  ImageInput e;
+  if (v.isTensor() && v.toTensor().defined()) {
+    const at::Tensor& t = v.toTensor();
+    e.kind = ImageInput::kTensor;
+    e.dtype = static_cast<std::uint8_t>(t.scalar_type());
+    e.sizes = t.sizes().vec();
+    out->push_back(std::move(e));
+  } else if (v.isNone() || v.isTensor()) {
+    e.kind = ImageInput::kNone;
+    out->push_back(std::move(e));
+  } else if (v.isList() || v.isTuple()) {
+    const std::vector<c10::IValue> items = v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+    e.kind = ImageInput::kSequence;
+    e.sizes = {static_cast<std::int64_t>(items.size())};
+    out->push_back(std::move(e));
+    for (const auto& x : items) describe(x, out);
+  } else if (v.isGenericDict()) {
+    e.kind = ImageInput::kSequence;
+    std::vector<c10::IValue> values;
+    for (const auto& kv : v.toGenericDict()) {
+      std::ostringstream k;
+      k << kv.key();
+      e.text += (e.text.empty() ? "" : ",") + k.str();
+      values.push_back(kv.value());
+    }
+    e.sizes = {static_cast<std::int64_t>(values.size())};
+    out->push_back(std::move(e));
+    for (const auto& x : values) describe(x, out);
+  } else {
+    std::ostringstream os;
+    os << v;
+    e.kind = ImageInput::kValue;
+    e.text = os.str();
+    out->push_back(std::move(e));
+  }
+}
+
+std::string dtype_name(std::uint8_t code) {
+  for (const auto& d : kDTypes) {
+    if (static_cast<std::uint8_t>(d.type) == code) return d.name;
+  }
+  return "dtype" + std::to_string(code);
+}
+
+}  // namespace
+
+std::vector<ImageInput> describe_inputs(const std::vector<c10::IValue>& inputs) {
+  std::vector<ImageInput> out;
+  for (const auto& v : inputs) describe(v, &out);
+  return out;
+}
+
+bool covers(const std::vector<ImageInput>& measured, const std::vector<ImageInput>& inputs) {
+  if (measured.size() != inputs.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ImageInput& m = measured[i];
+    const ImageInput& x = inputs[i];
+    if (m.kind != x.kind || m.text != x.text || m.sizes.size() != x.sizes.size()) return false;
+    if (m.kind == ImageInput::kTensor && m.dtype != x.dtype) return false;
+    for (size_t d = 0; d < x.sizes.size(); ++d) {
+      if (m.kind == ImageInput::kSequence ? x.sizes[d] != m.sizes[d] : x.sizes[d] > m.sizes[d]) return false;
+    }
+  }
+  return true;
+}
+
+std::string inputs_text(const std::vector<ImageInput>& inputs) {
+  std::string out;
+  for (const auto& v : inputs) {
+    if (!out.empty()) out += ' ';
+    switch (v.kind) {
+      case ImageInput::kTensor: {
+        out += dtype_name(v.dtype) + "[";
+        for (size_t d = 0; d < v.sizes.size(); ++d) out += (d ? "," : "") + std::to_string(v.sizes[d]);
+        out += "]";
+        break;
+      }
+      case ImageInput::kNone: out += "none"; break;
+      case ImageInput::kSequence: out += "seq" + std::to_string(v.sizes.empty() ? 0 : v.sizes[0]) + ":"; break;
+      default: out += v.text;
+    }
+  }
+  return out;
+}
+
+std::vector<ImageInput> legacy_input_profile(const std::string& input_shapes) {
+  std::vector<ImageInput> out;
+  std::istringstream words(input_shapes);
+  std::string w;
+  while (words >> w) {
+    if (w.find_first_not_of("0123456789,") != std::string::npos) return {};
+    ImageInput e;
+    e.dtype = static_cast<std::uint8_t>(at::kFloat);
+    try {
+      e.sizes = parse_shape(w);
+    } catch (const Error&) {
+      return {};
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in) {

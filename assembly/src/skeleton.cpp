@@ -696,6 +696,7 @@ void Skeleton::pack(const std::string& path, const PackOptions& options) const {
   info.input_shapes = options.input_shapes;
   info.num_inputs = static_cast<std::uint32_t>(m.num_inputs);
   info.activation_bytes = options.activation_bytes;
+  info.input_profiles = options.input_profiles;
   if (!options.layer_peak_bytes.empty() && options.layer_peak_bytes.size() != m.layers.size()) {
     m.refuse("internal: " + std::to_string(options.layer_peak_bytes.size()) + " layer activation peaks for " +
              std::to_string(m.layers.size()) + " layers");

@@ -44,6 +44,7 @@ std::string pack(const std::string& model, const std::string& image, const c10::
     PackOptions po;
     po.input_shapes = shape_text(inputs);
     po.activation_bytes = measure_activation_bytes(sk, inputs, &po.layer_peak_bytes);
+    po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs(inputs)});
     sk.pack(image, po);
     ImageInfo info;
     read_image_info(image, &info).throw_if_error();

@@ -9,7 +9,7 @@
 //   [data_offset, EOF)   parameter data: layer 0, layer 1, ... each starting on a 4 KiB
 //                        boundary and padded with zeros to the next one
 //
-// Header: magic "SWAPNET\0" (8) | u32 version = 3 | u32 header_bytes = 4096 | u64 alignment =
+// Header: magic "SWAPNET\0" (8) | u32 version = 4 | u32 header_bytes = 4096 | u64 alignment =
 // 4096 | u64 file_size | u64 meta_offset = 4096 | u64 meta_size | u64 meta_checksum | u64
 // data_offset | u64 data_size | u32 num_layers | u32 num_tensors | zeros ... | u64
 // header_checksum at byte 4088 = XXH3-64 of bytes [0, 4088).
@@ -22,6 +22,9 @@
 //            u64 peak_bytes (version 3 on; version 2 images are still read, peak_bytes 0)
 //   tensor = str name | u8 kind | u8 dtype | u8 element_size | u8 ndim | ndim x i64 size |
 //            ndim x i64 stride | u64 offset | u64 nbytes | u32 layer
+// and, from version 4 on, after the skeleton: u32 num_profiles | num_profiles x profile, where
+//   profile = u64 activation_bytes | u32 num_values | num_values x (u8 kind | u8 dtype | u8 ndim |
+//             ndim x i64 size | str text)   (ImageInput, InputProfile)
 //
 // A tensor's bytes are the span its strides reach (not a contiguous copy), so a weight with
 // unusual strides is rebound exactly as it was. Tensors start on 64-byte boundaries.
@@ -45,8 +48,9 @@ namespace swapnet {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'W', 'A', 'P', 'N', 'E', 'T', '\0'};
-// 2: activation_bytes in the metadata; 3: peak_bytes per layer. Version 2 is still read.
-constexpr std::uint32_t kVersion = 3;
+// 2: activation_bytes in the metadata; 3: peak_bytes per layer; 4: input profiles. Versions 2
+// and 3 are still read.
+constexpr std::uint32_t kVersion = 4;
 constexpr std::uint32_t kOldestVersion = 2;
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kHeaderChecksumAt = kHeaderBytes - 8;
@@ -189,6 +193,18 @@ std::string meta_bytes(const ImageInfo& info) {
     w.u32(t.layer);
   }
   w.blob(info.skeleton);
+  w.u32(static_cast<std::uint32_t>(info.input_profiles.size()));
+  for (const auto& p : info.input_profiles) {
+    w.u64(p.activation_bytes);
+    w.u32(static_cast<std::uint32_t>(p.inputs.size()));
+    for (const auto& v : p.inputs) {
+      w.u8(v.kind);
+      w.u8(v.dtype);
+      w.u8(static_cast<std::uint8_t>(v.sizes.size()));
+      for (auto d : v.sizes) w.i64(d);
+      w.str(v.text);
+    }
+  }
   return w.b;
 }
 
@@ -345,6 +361,34 @@ Status parse_image(const std::uint8_t* data, std::size_t size, std::uint64_t fil
     }
   }
   if (!r.blob(&info.skeleton)) return bad("metadata truncated in the skeleton");
+  if (version >= 4) {
+    std::uint32_t np = 0;
+    // A profile takes at least 12 bytes, a value at least 7.
+    if (!r.u32(&np) || np > r.remaining() / 12) return bad("metadata truncated in the input profiles");
+    info.input_profiles.resize(np);
+    for (std::uint32_t i = 0; i < np; ++i) {
+      InputProfile& p = info.input_profiles[i];
+      std::uint32_t nv = 0;
+      if (!r.u64(&p.activation_bytes) || !r.u32(&nv) || nv > r.remaining() / 7) {
+        return bad("metadata truncated in input profile " + std::to_string(i));
+      }
+      p.inputs.resize(nv);
+      for (auto& v : p.inputs) {
+        std::uint8_t ndim = 0;
+        if (!r.u8(&v.kind) || !r.u8(&v.dtype) || !r.u8(&ndim)) return bad("metadata truncated in input profile " + std::to_string(i));
+        if (v.kind > ImageInput::kValue || ndim > kMaxDims) {
+          return bad("input profile " + std::to_string(i) + ": value kind " + std::to_string(v.kind) + " or " +
+                     std::to_string(ndim) + " dimensions out of range");
+        }
+        v.sizes.resize(ndim);
+        for (auto& d : v.sizes) {
+          if (!r.i64(&d)) return bad("metadata truncated in input profile " + std::to_string(i));
+          if (d < 0) return bad("input profile " + std::to_string(i) + ": negative size " + std::to_string(d));
+        }
+        if (!r.str(&v.text)) return bad("metadata truncated in input profile " + std::to_string(i));
+      }
+    }
+  }
   if (r.remaining() != 0) return bad(u64s(r.remaining()) + " unexpected bytes after the metadata");
   *out = std::move(info);
   return Status();

@@ -78,6 +78,9 @@ struct PackOptions {
   std::uint64_t activation_bytes = 0;  // peak activation bytes of forward at that input
   // The same peak while each layer ran (one per layer, or empty: not measured).
   std::vector<std::uint64_t> layer_peak_bytes;
+  // Inputs activations were measured for, recorded in the image (the example input's first:
+  // {activation_bytes, describe_inputs(example)}); the executor re-measures inputs none covers.
+  std::vector<InputProfile> input_profiles;
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
 };
 
@@ -177,8 +180,9 @@ SWAPNET_API int new_cpu_account();
 SWAPNET_API int set_thread_cpu_account(int account);  // returns the thread's previous account
 SWAPNET_API CpuMeterStats cpu_account(int account);
 SWAPNET_API void reset_cpu_account_peak(int account);
-// Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included), as
-// `swapnet run` accounts activations; installs the meter. What PackOptions::activation_bytes
+// Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included, held
+// to the end as a caller holds its inputs), as `swapnet run` accounts activations; installs the
+// meter. What PackOptions::activation_bytes
 // records. `layer_peaks`, if given, receives the same peak while each layer ran (what
 // PackOptions::layer_peak_bytes records).
 SWAPNET_API std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
@@ -367,6 +371,12 @@ class SWAPNET_API Executor {
   std::uint64_t bytes_used() const;
   // Blocks read streamed into ring space older blocks still held, since open.
   std::uint64_t streamed_blocks() const;
+  // Inputs whose activations were measured since open (Note [Dynamic shapes] in executor.cpp):
+  // an inference whose inputs no recorded profile covers runs with weights at their least and
+  // activations allowed the rest of the budget (past it the allocator refuses: the inference
+  // fails with the numbers); its peak then joins input_profiles() and the reserve.
+  std::uint64_t remeasured() const;
+  std::vector<InputProfile> input_profiles() const;
   double bind_us_per_tensor() const;     // mean cost of binding one tensor by reference
   IoBackend backend() const;
   MemoryKind memory() const;
@@ -398,5 +408,18 @@ SWAPNET_API std::vector<c10::IValue> make_inputs(const std::vector<std::string>&
 // A copy for one run (a model may modify its input in place): tensors cloned, other values
 // deep-copied, None kept.
 SWAPNET_API std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
+
+// ---- input profiles (Note [Dynamic shapes] in executor.cpp) ----
+// forward's arguments as an image records them (InputProfile::inputs): tensors by dtype and
+// sizes, lists/tuples/dicts flattened, other values as text.
+SWAPNET_API std::vector<ImageInput> describe_inputs(const std::vector<c10::IValue>& inputs);
+// Whether activations measured at `measured` hold for `inputs`: the same structure, dtypes, ranks
+// and other values, and no dimension larger.
+SWAPNET_API bool covers(const std::vector<ImageInput>& measured, const std::vector<ImageInput>& inputs);
+// e.g. "int64[1,16] none float32[1,3,64,64]".
+SWAPNET_API std::string inputs_text(const std::vector<ImageInput>& inputs);
+// The profile of an image packed before profiles were recorded, from its input_shapes when they
+// are float shapes ("1,3,224,224 1,10"); empty when they are anything else.
+SWAPNET_API std::vector<ImageInput> legacy_input_profile(const std::string& input_shapes);
 
 }  // namespace swapnet

@@ -125,6 +125,23 @@ struct ImageLayer {
   std::uint64_t peak_bytes = 0;
 };
 
+// One value of an input profile: forward's arguments flattened in order (a list, tuple or dict
+// argument is a kSequence entry followed by its elements).
+struct ImageInput {
+  enum Kind : std::uint8_t { kTensor = 0, kNone = 1, kSequence = 2, kValue = 3 };
+  std::uint8_t kind = kTensor;
+  std::uint8_t dtype = 0;            // kTensor: the framework's scalar-type code
+  std::vector<std::int64_t> sizes;   // kTensor: its sizes; kSequence: {number of elements}
+  std::string text;                  // kValue: the value as text (an int, a string, ...); kSequence: dict keys
+};
+
+// Inputs activations were measured for: the reserve holds any input no larger in every
+// dimension (same dtypes, same structure, equal other values).
+struct InputProfile {
+  std::uint64_t activation_bytes = 0;  // peak bytes forward allocated at these inputs
+  std::vector<ImageInput> inputs;
+};
+
 struct ImageInfo {
   std::uint32_t version = 0;
   std::uint64_t file_size = 0;
@@ -137,6 +154,9 @@ struct ImageInfo {
   std::vector<ImageLayer> layers;
   std::vector<ImageTensor> tensors;
   std::string skeleton;           // the framework's serialized weightless module
+  // Inputs the activations were measured for (format 4 on; empty in older images): the example
+  // input first (its bytes are activation_bytes).
+  std::vector<InputProfile> input_profiles;
 };
 
 // Reads and validates header and metadata (never the parameter data). Every count, offset and
