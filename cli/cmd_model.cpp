@@ -152,6 +152,11 @@ int inspect_image(const std::string& path, const Common& c) {
   j["data_bytes"] = info.data_size;
   j["skeleton_bytes"] = info.skeleton.size();
   j["activation_bytes"] = info.activation_bytes;
+  json profiles = json::array();  // inputs activations were measured for (Note [Dynamic shapes])
+  for (const auto& p : info.input_profiles) {
+    profiles.push_back({{"inputs", inputs_text(p.inputs)}, {"activation_bytes", p.activation_bytes}});
+  }
+  j["input_profiles"] = profiles;
   j["parameters"] = params;
   j["buffers"] = buffers;
   std::string head = path + ": swap image v" + std::to_string(info.version) + " of " + info.source + ", " +
@@ -322,7 +327,7 @@ int signature(const std::string& model) {
   return 0;
 }
 
-int pack(const std::string& model, const std::string& out, const Common& c) {
+int pack(const std::string& model, const std::string& out, const Common& c, const std::vector<std::string>& profiles) {
   apply_common(c);
   auto t0 = Clock::now();
   // The image records the specs space-separated (ImageInfo::input_shapes).
@@ -342,6 +347,23 @@ int pack(const std::string& model, const std::string& out, const Common& c) {
   PackOptions po;
   po.input_shapes = join_shapes(c.input_shapes);
   po.activation_bytes = measure_activation_bytes(sk, inputs, &po.layer_peak_bytes);  // for budget planning
+  po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs(inputs)});
+  for (const auto& text : profiles) {
+    std::vector<std::string> specs;
+    std::istringstream words(text);
+    for (std::string w; words >> w;) specs.push_back(w);
+    std::vector<c10::IValue> more;
+    std::uint64_t bytes = 0;
+    try {
+      more = swapnet::make_inputs(specs, c.seed);
+      bytes = measure_activation_bytes(sk, more);
+    } catch (const std::exception& e) {
+      throw Error(model + ": --input-profile '" + text + "': " + e.what());
+    }
+    po.input_profiles.push_back(InputProfile{bytes, describe_inputs(more)});
+    // The reserve planned at open holds every profile (Note [Dynamic shapes] in executor.cpp).
+    po.activation_bytes = std::max(po.activation_bytes, bytes);
+  }
   const bool tty = ::isatty(2) != 0 && !c.json;
   int last_pct = -1;
   if (tty) {

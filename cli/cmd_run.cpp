@@ -59,7 +59,7 @@ std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std:
   return swapnet::make_inputs(*shapes, c.seed);
 }
 
-static void drop_page_cache(const std::string& path) {
+void drop_page_cache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -91,6 +91,8 @@ InMemory::~InMemory() { free_aligned(data); }
 namespace {
 
 using json = nlohmann::json;
+
+}  // namespace
 
 std::uint64_t vm_hwm_bytes() {
   std::ifstream f("/proc/self/status");
@@ -150,6 +152,8 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
   ::close(fd);
   return sk.finish(run);
 }
+
+namespace {
 
 // Reads [begin, end) of `path` in 4 MiB reads with swapnet's own block reader (O_DIRECT,
 // io_uring, registered buffer), cyclically, at `mb_s` (paced), until destroyed: the reads
@@ -242,7 +246,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   json plan_json, resident_json = json::array(), plan_facts = json::object();
   std::string backend = "-", memory = "host";
   double bind_us = 0;
-  std::uint64_t streamed = 0;
+  std::uint64_t streamed = 0, remeasured = 0, reserve_after = 0;
   const int iters = std::max(1, o.iters);
   auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes) {
     fwd();  // warm-up (lazy initialisation), not timed
@@ -282,6 +286,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); });
     bind_us = ex->bind_us_per_tensor();
     streamed = ex->streamed_blocks();
+    remeasured = ex->remeasured();
+    reserve_after = ex->plan().activation_bytes;
   } else if (o.mode == "naive") {
     eo.residency = false;  // the paper's naive swap re-reads every block, in the paper's blocks
     eo.resident.clear();
@@ -345,6 +351,10 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (o.mode == "swapnet") {
     j["bind_us_per_tensor"] = bind_us;
     j["streamed_blocks"] = streamed;  // read into ring space older blocks still held, warm-up included
+    // Inputs no profile in the image covered, measured in the warm-up (Note [Dynamic shapes]),
+    // and the activation reserve the timed inferences planned with.
+    j["remeasured_inputs"] = remeasured;
+    j["activation_reserve_bytes"] = reserve_after;
   }
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.

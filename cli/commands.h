@@ -44,12 +44,27 @@ bool is_image(const std::string& path);  // starts with the swap image magic
 
 int inspect(const std::string& path, const Common& c, int iters);
 int verify(const std::string& path, const Common& c, int runs, const std::string& image);
-int pack(const std::string& model, const std::string& out, const Common& c);
+// `profiles`: --input-profile, more inputs (specs separated by spaces) whose activations are
+// measured and recorded (InputProfile).
+int pack(const std::string& model, const std::string& out, const Common& c, const std::vector<std::string>& profiles = {});
 // forward's signature without self, as one JSON line {model, schema, inputs: [{name, type}]}:
 // what transparent swapping needs to stand in for a model it has no image of yet.
 int signature(const std::string& model);
 int check(const std::string& image, const Common& c);
 int info(const Common& c);
+
+// swapnet generate (cmd_generate.cpp, Note [Generation]).
+struct GenerateOptions {
+  std::string budget;               // --budget SIZE
+  int prompt_tokens = 16;           // --prompt-tokens N
+  int new_tokens = 16;              // --new-tokens M
+  std::int64_t vocab = 0;           // --vocab V (default: the first embedding's rows)
+  std::vector<std::string> state;   // --state SPEC, repeatable (default: the image's example state)
+  std::string mode = "swapnet";     // --mode swapnet | direct | naive
+  std::string profile;              // --profile device.json
+  std::string read_ahead = "ring";  // --read-ahead
+};
+int generate(const std::string& image, const Common& c, const GenerateOptions& o);
 
 struct RunOptions {
   std::string budget;        // --budget SIZE (bytes, KiB/MiB/GiB)

@@ -35,5 +35,12 @@ struct InMemory {
   InMemory& operator=(const InMemory&) = delete;
 };
 
+// The naive path of `run --mode naive` (cmd_run.cpp): per block of `plan`, a buffered read into
+// a fresh buffer (its pages dropped after), a copy into fresh tensors, bind, run, free.
+c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo& info, const ExecutionPlan& plan,
+                          std::vector<c10::IValue> inputs, std::uint64_t* bytes_read);
+std::uint64_t vm_hwm_bytes();  // the process's peak RSS (VmHWM)
+void drop_page_cache(const std::string& path);
+
 }  // namespace cli
 }  // namespace swapnet

@@ -5,6 +5,7 @@
 //   swapnet verify  MODEL.pt --input-shape S [--image IMAGE] [--json]  layered == forward, bit for bit
 //   swapnet pack    MODEL.pt -o IMAGE.swapnet --input-shape S           write a swap image
 //   swapnet run     IMAGE.swapnet --budget SIZE [--mode M] [--compare] [--check]  swapped inference
+//   swapnet generate IMAGE.swapnet --budget SIZE --prompt-tokens N --new-tokens M  token generation
 //   swapnet check   IMAGE.swapnet                                       verify every checksum
 //   swapnet bench io IMAGE.swapnet [--json]                             disk rate vs block fetch rate
 //   swapnet info [--json]                                               build and device facts
@@ -67,9 +68,29 @@ int main(int argc, char** argv) {
   pack->add_option("model", model, "TorchScript file (.pt)")->required();
   pack->add_option("-o,--output", out, "image to write (.swapnet)")->required();
   add_common(pack, common, true, true);
+  std::vector<std::string> pack_profiles;
+  pack->add_option("--input-profile", pack_profiles,
+                   "more inputs to measure activations for, the specs of one forward call separated by spaces "
+                   "(e.g. \"int64[1,512]:0..100 none\"); repeatable. Inputs no recorded profile covers are "
+                   "measured at run time instead, at the least weight memory");
 
   auto* sig = app.add_subcommand("signature", "forward's signature as JSON (for transparent swapping)");
   sig->add_option("model", model, "TorchScript file (.pt)")->required();
+
+  swapnet::cli::GenerateOptions go;
+  auto* gen = app.add_subcommand("generate", "greedy token generation from a decoder's image, weights swapped per token");
+  gen->add_option("image", image, "swap image of a model with forward(tokens, *state) -> (logits, *state)")->required();
+  gen->add_option("--budget", go.budget, "memory budget for the model: bytes or KiB/MiB/GiB (the KV cache included)");
+  gen->add_option("--prompt-tokens", go.prompt_tokens, "prompt length, random token ids (default 16)");
+  gen->add_option("--new-tokens", go.new_tokens, "tokens to generate (default 16)");
+  gen->add_option("--vocab", go.vocab, "vocabulary size (default: the rows of the first embedding)");
+  gen->add_option("--state", go.state, "initial state, one --input-style spec per state argument (default: the image's "
+                                       "example input after the tokens, as zeros)");
+  gen->add_option("--mode", go.mode, "swapnet | direct (in memory) | naive (default swapnet)");
+  gen->add_option("--profile", go.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  gen->add_option("--read-ahead", go.read_ahead, "ring | ring-whole | paper (default ring)");
+  gen->add_option("--seed", common.seed, "seed of the prompt's token ids (default 0)");
+  add_common(gen, common, false, false);
 
   swapnet::cli::RunOptions ro;
   auto* run = app.add_subcommand("run", "inference from a swap image within a memory budget");
@@ -178,10 +199,11 @@ int main(int argc, char** argv) {
   try {
     if (*inspect) return swapnet::cli::inspect(model, common, iters < 1 ? 1 : iters);
     if (*verify) return swapnet::cli::verify(model, common, runs < 1 ? 1 : runs, image);
-    if (*pack) return swapnet::cli::pack(model, out, common);
+    if (*pack) return swapnet::cli::pack(model, out, common, pack_profiles);
     if (*sig) return swapnet::cli::signature(model);
     if (*check) return swapnet::cli::check(image, common);
     if (*run) return swapnet::cli::run(image, common, ro);
+    if (*gen) return swapnet::cli::generate(image, common, go);
     if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table, bound);
     if (*prof) return swapnet::cli::profile(images, common, profile_out, samples);
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);

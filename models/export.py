@@ -2,7 +2,8 @@
 """Writes swapnet's evaluation and test models as TorchScript files with deterministic random
 weights (no downloads): `export.py --out DIR SET_OR_NAME...`.
 
-Sets: small (CI: resnet18, mobilenet_v2, synthetic), paper (resnet101, vgg19, fcn_resnet101,
+Sets: small (CI: resnet18, mobilenet_v2, synthetic, typed-input models, gpt_small), llm
+(gpt_350m, for the generation bench), paper (resnet101, vgg19, fcn_resnet101,
 yolov3), zoo (other architecture families, at small sizes, to test generality), bad (files that
 must be refused with a clear error). Files already present with the same recipe are kept.
 Each model is exported with torch.jit.script in eval mode; batch-norm statistics are
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt  # noqa: E402
 import synthetic  # noqa: E402
 import yolov3  # noqa: E402
 
@@ -142,6 +144,10 @@ MODELS = {
     "transformer_encoder": (MaskedEncoder, ["float32[2,10,64]", "float32[10,10]", "none"], "script"),
     "lstm": (lambda: Recurrent("lstm"), [2, 12, 32], "script"),
     "gru": (lambda: Recurrent("gru"), [2, 12, 32], "script"),
+    # decoder-only transformers, forward(tokens, cache) -> (logits, cache) (swapnet generate):
+    # the prompt with an empty KV cache
+    "gpt_small": (gpt.small, ["int64[1,16]:0..1000", "float32[4,2,1,4,0,32]"], "script"),
+    "gpt_350m": (gpt.medium, ["int64[1,32]:0..50257", "float32[24,2,1,16,0,64]"], "script"),
     # paper: the four models the design is evaluated on
     "resnet101": (lambda: tv().resnet101(weights=None), [1, 3, 224, 224], "script"),
     "vgg19": (lambda: tv().vgg19(weights=None), [1, 3, 224, 224], "script"),
@@ -177,7 +183,8 @@ MODELS = {
 
 SETS = {
     "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier",
-              "transformer_encoder", "lstm", "gru"],
+              "transformer_encoder", "lstm", "gru", "gpt_small"],
+    "llm": ["gpt_350m"],
     "paper": ["resnet101", "vgg19", "fcn_resnet101", "yolov3"],
     "zoo": ["densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2",
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",

@@ -1,0 +1,298 @@
+// swapnet generate: greedy token generation from a decoder's swap image within a memory budget.
+//
+// Note [Generation]
+// ~~~~~~~~~~~~~~~~~
+// Any model whose forward follows forward(tokens, *state) -> (logits, *state) generates: tokens
+// int64 [1, T], logits [1, T, vocab], the state (a KV cache, as tensors) whatever the model
+// returns for the next call. The first call takes the prompt (--prompt-tokens N ids drawn
+// uniformly from the vocabulary with --seed, or @FILE) and the initial state: tensors of the
+// sizes the image's example input has after the tokens (models/gpt.py: an empty cache), zeros,
+// or --state SPECs. Each call's last logits give the next token (argmax, ties to the lowest id);
+// --new-tokens M calls in all (the prompt's, then M - 1 with one token each).
+//
+// The weights are swapped per call. The state grows with every token, so every call's input is
+// larger than the last: before timing, the prompt call and one call at the final context (a
+// zero state of that length) run once, so that the executor measures their activations within
+// the budget (Note [Dynamic shapes] in executor.cpp) and plans the whole generation with them; a
+// cache that cannot fit is refused there, with the numbers, before any token is generated. Then
+// the generation is timed: time to first token (the prompt's call), tokens/s over the other
+// calls, bytes read per token, and the peak of weights + activations (the state included). The
+// same generation in memory (the whole image read once) gives the reference ids: `equal`.
+// --mode direct times that in-memory run instead, --mode naive the paper's naive path
+// (buffered reads of every block per call, pages dropped).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "inputs.h"
+#include "swapnet/allocator.h"
+#include "swapnet/assembly.h"
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace cli {
+namespace {
+
+using json = nlohmann::json;
+using Forward = std::function<c10::IValue(std::vector<c10::IValue>)>;
+
+struct Generation {
+  std::vector<std::int64_t> tokens;  // generated ids
+  std::vector<double> call_ms;       // per call; [0] is the prompt's (time to first token)
+  std::vector<std::uint64_t> read;   // bytes read after each call (cumulative; swapnet/naive)
+};
+
+// The rows of the first embedding's weight: the vocabulary, for a model that embeds its tokens.
+std::int64_t vocabulary(const Skeleton& sk) {
+  for (const auto& L : sk.layers()) {
+    if (std::find(L.ops.begin(), L.ops.end(), "aten::embedding") == L.ops.end()) continue;
+    for (int s : L.used_slots) {
+      if (sk.slots()[s].sizes.size() == 2) return sk.slots()[s].sizes[0];
+    }
+  }
+  return 0;
+}
+
+// The generation loop of Note [Generation]. `read` reports bytes read so far (0: none).
+Generation generate(const std::string& image, const Forward& fwd, const at::Tensor& prompt,
+                    const std::vector<c10::IValue>& state0, int new_tokens, const std::function<std::uint64_t()>& read) {
+  Generation g;
+  std::vector<c10::IValue> in{prompt.clone()};
+  for (const auto& v : state0) in.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+  for (int i = 0; i < new_tokens; ++i) {
+    const auto t0 = Clock::now();
+    c10::IValue out = fwd(std::move(in));
+    if (!out.isTuple() || out.toTupleRef().elements().empty() || !out.toTupleRef().elements()[0].isTensor()) {
+      throw Error(image + ": generate needs forward(tokens, *state) -> (logits, *state); forward returned " +
+                  out.tagKind());
+    }
+    const auto& items = out.toTupleRef().elements();
+    const at::Tensor logits = items[0].toTensor();
+    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) < 1) {
+      throw Error(image + ": generate needs logits [1, T, vocab]; forward's first output has sizes " +
+                  c10::str(logits.sizes()));
+    }
+    const std::int64_t next = logits.select(0, 0).select(0, logits.size(1) - 1).argmax().item<std::int64_t>();
+    g.call_ms.push_back(ms_since(t0));
+    g.read.push_back(read ? read() : 0);
+    g.tokens.push_back(next);
+    in.clear();
+    in.push_back(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)));
+    for (size_t k = 1; k < items.size(); ++k) in.push_back(items[k]);
+  }
+  return g;
+}
+
+// The state after the prompt, with every dimension the prompt grew stretched to `context`
+// tokens: what the last call of the generation holds (zeros).
+std::vector<c10::IValue> final_state(const std::vector<c10::IValue>& state0, const c10::IValue& after_prompt,
+                                     std::int64_t prompt_tokens, std::int64_t context) {
+  std::vector<c10::IValue> out;
+  const auto& items = after_prompt.toTupleRef().elements();
+  for (size_t k = 1; k < items.size(); ++k) {
+    if (!items[k].isTensor()) {
+      out.push_back(items[k]);
+      continue;
+    }
+    const at::Tensor t = items[k].toTensor();
+    std::vector<std::int64_t> sizes = t.sizes().vec();
+    const at::Tensor* before = k - 1 < state0.size() && state0[k - 1].isTensor() ? &state0[k - 1].toTensor() : nullptr;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const std::int64_t was = before && before->dim() == t.dim() ? before->size(static_cast<std::int64_t>(d)) : sizes[d];
+      if (sizes[d] == was + prompt_tokens) sizes[d] = was + context;
+    }
+    out.push_back(at::zeros(sizes, t.options()));
+  }
+  return out;
+}
+
+}  // namespace
+
+int generate(const std::string& path, const Common& c, const GenerateOptions& o) {
+  apply_common(c);
+  install_cpu_meter();
+  c10::InferenceMode inference;
+  ImageInfo info;
+  read_image_info(path, &info).throw_if_error();
+  if (o.new_tokens < 1) throw Error("--new-tokens " + std::to_string(o.new_tokens) + ": at least 1");
+  if (o.prompt_tokens < 1) throw Error("--prompt-tokens " + std::to_string(o.prompt_tokens) + ": at least 1");
+  if (o.mode != "swapnet" && o.mode != "direct" && o.mode != "naive") {
+    throw Error("--mode '" + o.mode + "' is not one of swapnet|direct|naive");
+  }
+  if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
+  const Skeleton shape_of = Skeleton::from_image(info, path);
+  std::int64_t vocab = o.vocab > 0 ? o.vocab : vocabulary(shape_of);
+  if (vocab <= 0) throw Error(path + ": no embedding layer tells the vocabulary size: give --vocab");
+  // The initial state: --state, else the image's example input after the tokens, as zeros.
+  std::vector<c10::IValue> state0;
+  if (!o.state.empty()) {
+    state0 = make_inputs(o.state, c.seed + 1);
+  } else {
+    if (info.input_profiles.empty()) {
+      throw Error(path + ": the image records no example input to take the initial state from: give --state SPEC");
+    }
+    const auto& ex = info.input_profiles.front().inputs;
+    for (size_t k = 1; k < ex.size(); ++k) {
+      if (ex[k].kind == ImageInput::kNone) {
+        state0.emplace_back();
+      } else if (ex[k].kind == ImageInput::kTensor) {
+        state0.push_back(at::zeros(ex[k].sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(ex[k].dtype))));
+      } else {
+        throw Error(path + ": the example input's argument " + std::to_string(k) + " (" + inputs_text({ex[k]}) +
+                    ") is not a tensor or None: give --state SPEC");
+      }
+    }
+  }
+  if (static_cast<int>(state0.size()) + 1 != static_cast<int>(info.num_inputs)) {
+    throw Error(path + ": forward takes " + std::to_string(info.num_inputs) + " inputs; tokens and " +
+                std::to_string(state0.size()) + " state tensors were given");
+  }
+  at::manual_seed(c.seed);
+  const at::Tensor prompt = at::randint(0, vocab, {1, o.prompt_tokens}, at::TensorOptions().dtype(at::kLong));
+  const std::int64_t context = o.prompt_tokens + o.new_tokens - 1;  // tokens the last call's cache holds
+
+  ExecutorOptions eo;
+  std::unique_ptr<Executor> ex;
+  std::unique_ptr<InMemory> mem;
+  Forward fwd;
+  std::function<std::uint64_t()> read;
+  std::uint64_t naive_read = 0;
+  ExecutionPlan naive_plan;
+  std::unique_ptr<Skeleton> naive_sk;
+  drop_page_cache(path);
+  std::uint64_t cache_before = 0, cache_after = 0;
+  page_cache_bytes(path, &cache_before).throw_if_error();
+  if (o.mode == "swapnet" || o.mode == "naive") {
+    eo.budget = parse_size(o.budget);
+    use_profile(device_profile(path, c, o.profile), &eo);
+    set_executor_option(&eo, "--read-ahead", o.read_ahead);
+  }
+  if (o.mode == "swapnet") {
+    ex = Executor::open(path, eo);
+    fwd = [&](std::vector<c10::IValue> in) { return ex->forward(std::move(in)); };
+    read = [&] { return ex->bytes_used(); };
+  } else if (o.mode == "naive") {
+    eo.residency = false;  // as run --mode naive: the paper's blocks, every one read per call
+    eo.read_ahead = ReadAhead::kPaper;
+    naive_plan = plan_execution(info, eo);
+    naive_sk = std::make_unique<Skeleton>(Skeleton::from_image(info, path));
+    fwd = [&](std::vector<c10::IValue> in) { return naive_forward(*naive_sk, path, info, naive_plan, std::move(in), &naive_read); };
+    read = [&] { return naive_read; };
+  } else {
+    mem = std::make_unique<InMemory>(path, info);
+    fwd = [&](std::vector<c10::IValue> in) { return mem->sk.forward(std::move(in)); };
+  }
+  // Warm-up (Note [Generation]): the prompt's call and one at the final context.
+  const auto t_warm = Clock::now();
+  std::vector<c10::IValue> first{prompt.clone()};
+  for (const auto& v : state0) first.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+  const c10::IValue after_prompt = fwd(std::move(first));
+  if (!after_prompt.isTuple()) {
+    throw Error(path + ": generate needs forward(tokens, *state) -> (logits, *state); forward returned " +
+                after_prompt.tagKind());
+  }
+  std::vector<c10::IValue> last{at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong))};
+  for (auto& v : final_state(state0, after_prompt, o.prompt_tokens, context - 1)) last.push_back(std::move(v));
+  try {
+    fwd(std::move(last));
+  } catch (const std::exception& e) {
+    throw Error(path + ": the KV cache of " + std::to_string(context) + " tokens (prompt " +
+                std::to_string(o.prompt_tokens) + " + " + std::to_string(o.new_tokens - 1) +
+                " generated) does not fit: " + e.what());
+  }
+  const double warm_ms = ms_since(t_warm);
+
+  // Memory: the weights' peak (the executor's; the whole model in memory; naive's largest block
+  // buffer) + what libtorch allocated at most since the generation began (activations, the
+  // growing KV cache, naive's copies of the weights).
+  reset_memory_peak();
+  if (ex) ex->reset_weight_peak();
+  const std::uint64_t base = cpu_meter().current;
+  reset_cpu_meter_peak();
+  const std::uint64_t read0 = read ? read() : 0;
+  Generation g = generate(path, fwd, prompt, state0, o.new_tokens, read);
+  const std::uint64_t act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
+  std::uint64_t naive_block = 0;
+  for (auto b : naive_plan.block_bytes) naive_block = std::max(naive_block, b);
+  const std::uint64_t weights_peak = ex ? ex->weight_memory().peak : o.mode == "direct" ? info.data_size : naive_block;
+  page_cache_bytes(path, &cache_after).throw_if_error();
+  const std::uint64_t rss = vm_hwm_bytes();
+
+  // The reference: the same generation in memory (after the timed run: its memory is not counted).
+  Generation ref;
+  if (o.mode == "direct") {
+    ref = g;
+  } else {
+    InMemory reference(path, info);
+    ref = generate(path, [&](std::vector<c10::IValue> in) { return reference.sk.forward(std::move(in)); }, prompt, state0,
+                   o.new_tokens, {});
+  }
+  const bool equal = ref.tokens == g.tokens;
+  const double raw = o.mode == "direct" ? 0 : raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
+
+  double decode_ms = 0;
+  for (size_t i = 1; i < g.call_ms.size(); ++i) decode_ms += g.call_ms[i];
+  const int decoded = o.new_tokens - 1;
+  const double per_token_bytes =
+      decoded > 0 ? static_cast<double>(g.read.back() - g.read.front()) / decoded
+                  : static_cast<double>(g.read.front() - read0);
+  json j;
+  j["image"] = path;
+  j["mode"] = o.mode;
+  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(eo.budget);
+  j["model_bytes"] = info.data_size;
+  j["vocab"] = vocab;
+  j["prompt_tokens"] = o.prompt_tokens;
+  j["new_tokens"] = o.new_tokens;
+  j["tokens"] = g.tokens;
+  j["equal"] = equal;
+  j["time_to_first_token_ms"] = g.call_ms.front();
+  j["tokens_per_s"] = decoded > 0 && decode_ms > 0 ? decoded * 1e3 / decode_ms : 0.0;
+  j["ms_per_token"] = decoded > 0 ? decode_ms / decoded : g.call_ms.front();
+  j["call_ms"] = g.call_ms;
+  j["bytes_read_per_token"] = per_token_bytes;
+  j["raw_io_mb_s"] = raw;
+  j["io_bound_ms_per_token"] = raw > 0 ? per_token_bytes / (raw * 1e3) : 0.0;
+  j["peak_model_bytes"] = weights_peak + act_peak;
+  j["weights_peak_bytes"] = weights_peak;
+  j["activation_peak_bytes"] = act_peak;  // the state (KV cache) included
+  j["peak_rss_bytes"] = rss;
+  j["page_cache_growth_bytes"] = static_cast<std::int64_t>(cache_after) - static_cast<std::int64_t>(cache_before);
+  j["warmup_ms"] = warm_ms;
+  j["threads"] = at::get_num_threads();
+  if (ex) {
+    const ExecutionPlan& p = ex->plan();
+    j["num_blocks"] = p.blocks.size();
+    j["resident_bytes"] = p.resident_bytes;
+    j["arena_bytes"] = p.arena_bytes;
+    j["activation_reserve_bytes"] = p.activation_bytes;
+    j["remeasured_inputs"] = ex->remeasured();
+    j["plan_read_bytes"] = p.read_bytes;
+  }
+  if (c.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("%s: %s, budget %s, prompt %lld tokens, %d new tokens\n", path.c_str(), o.mode.c_str(),
+                o.budget.empty() ? "-" : o.budget.c_str(), static_cast<long long>(o.prompt_tokens), o.new_tokens);
+    std::printf("time to first token %.1f ms; %.2f tokens/s (%.1f ms/token); %.1f MB read per token, I/O bound %.1f ms/token at %.0f MB/s\n",
+                j["time_to_first_token_ms"].get<double>(), j["tokens_per_s"].get<double>(),
+                j["ms_per_token"].get<double>(), per_token_bytes / 1e6, j["io_bound_ms_per_token"].get<double>(), raw);
+    std::printf("peak model memory %s (weights %s, activations and KV cache %s); tokens %s in-memory generation\n",
+                format_bytes(weights_peak + act_peak).c_str(), format_bytes(weights_peak).c_str(),
+                format_bytes(act_peak).c_str(), equal ? "identical to" : "DIFFER from");
+  }
+  return equal ? 0 : 1;
+}
+
+}  // namespace cli
+}  // namespace swapnet
