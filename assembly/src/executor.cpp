@@ -1691,6 +1691,12 @@ void Executor::release() {
 
 void release_all(Executor::Impl& m) {
   if (m.released) return;
+  if (m.measuring) {  // an inference measuring activations ends here: its limit and reserve go
+    set_cpu_account_limit(m.measuring->account, 0);
+    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + m.measuring->reserve;
+    m.info.activation_bytes = m.measuring->reserve;
+    m.measuring.reset();
+  }
   m.run.reset();
   m.bound = false;
   try {
