@@ -36,6 +36,7 @@
 #include <random>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -351,9 +352,20 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   const std::string models_dir = !o.models_dir.empty() ? o.models_dir : env_models ? env_models : ".cache/models";
   Scenario s = load_scenario(path, models_dir);
   if (o.duration_s > 0) s.duration_s = o.duration_s;
+  // A bad name is refused naming where it came from: the command line or the scenario's field.
+  auto named = [&](const std::string& field, bool from_option, const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const std::exception& e) {
+      throw Error((from_option ? "--" + field : path + ": field '" + field + "'") + ": " + e.what());
+    }
+  };
   if (!o.policy.empty()) s.policy = o.policy;
   if (!o.scheduler.empty()) s.scheduler = o.scheduler;
-  if (s.scheduler != "threads") (void)make_dispatch_policy(s.scheduler);
+  named("policy", !o.policy.empty(), [&] { (void)make_policy(s.policy); });
+  named("scheduler", !o.scheduler.empty(), [&] {
+    if (s.scheduler != "threads") (void)make_dispatch_policy(s.scheduler);
+  });
   if (!o.budget.empty()) s.total = o.budget;
   if (!(o.period_scale > 0) || !(o.slo_scale > 0)) throw Error("--period-scale and --slo-scale must be > 0");
   for (auto& m : s.models) {  // the load and deadline sweeps (bench/scheduler_sweep.sh)
@@ -398,7 +410,12 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
       Common mc = c;
       if (!s.models[i].shapes.empty()) mc.input_shapes = s.models[i].shapes;
       std::vector<std::string> shapes;
-      inputs.push_back(inputs_for(mc, infos[i], &shapes));
+      try {
+        inputs.push_back(inputs_for(mc, infos[i], &shapes));
+      } catch (const std::exception& e) {  // the file and the field, not only the spec
+        throw Error(path + ": field 'models[" + std::to_string(i) + "].input_shape' (" + s.models[i].rt.name +
+                    "): " + e.what());
+      }
       if (o.check) {
         // On a thread with the model's intra-op threads, as its worker: some kernels' results
         // (parallel reductions) depend on the thread count.

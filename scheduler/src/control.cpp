@@ -208,9 +208,19 @@ struct ControlServer::Impl {
     std::string line;
     std::chrono::steady_clock::time_point deadline;
   };
-  // Answers and closes a client with its line (empty: a probe, or gone: closed silently).
+  // Answers and closes a client with its line (empty: a probe, or gone: closed silently). Bytes
+  // it sent that were not read (a line over kMaxLine) are read and dropped first, up to 64 KiB:
+  // a socket closed with unread input resets the peer, which then loses the answer.
   void finish(Client& c, const std::string& reply) {
     if (!reply.empty()) write_all(c.fd, reply + "\n");
+    ::shutdown(c.fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16; ++i) {
+      const ssize_t n = ::recv(c.fd, sink, sizeof sink, MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      break;
+    }
     ::close(c.fd);
     c.fd = -1;
   }
