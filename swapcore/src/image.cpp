@@ -32,7 +32,9 @@
 // Parsing trusts nothing: counts are bounded by the bytes that could hold them before anything
 // is allocated, every offset and size is checked against the file and its layer, and layers
 // must tile the data section in order. The parser is fuzzed (tests/fuzz_image.cpp).
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +42,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <limits>
 
 #include "swapnet/swapcore.h"
@@ -206,6 +209,34 @@ std::string meta_bytes(const ImageInfo& info) {
     }
   }
   return w.b;
+}
+
+// Temporary files of earlier writes to `path` that never finished (the writer killed before its
+// rename: hundreds of MB left on a device's small disk). A writer holds an exclusive flock on
+// its temporary file while it lives; one nobody holds, not modified for a minute (a writer
+// between creating and locking its file is never that old), is removed.
+void remove_stale_partials(const std::string& dir, const std::string& path) {
+  const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  const std::string prefix = base + ".partial-";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const time_t now = ::time(nullptr);
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string full = dir + "/" + name;
+    const int f = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (f < 0) continue;
+    struct stat st {};
+    if (::fstat(f, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > 60 && ::flock(f, LOCK_EX | LOCK_NB) == 0) {
+      if (::unlink(full.c_str()) == 0) {
+        log(LogLevel::kInfo, full + ": removed, the temporary file of a write of " + path + " that did not finish (" +
+                                 std::to_string(st.st_size) + " bytes)");
+      }
+    }
+    ::close(f);
+  }
+  ::closedir(d);
 }
 
 Status sys_error(const std::string& what) {
@@ -482,9 +513,11 @@ Status write_image(const std::string& path, ImageInfo info,
   std::string dir = ".";
   auto slash = path.rfind('/');
   if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  remove_stale_partials(dir, path);
   std::string tmp = path + ".partial-XXXXXX";
   int fd = ::mkostemp(&tmp[0], O_CLOEXEC);
   if (fd < 0) return sys_error(path + ": cannot create a temporary file in " + dir);
+  (void)::flock(fd, LOCK_EX);  // held until closed: a later write knows this one is alive
   auto fail = [&](Status s) {
     ::close(fd);
     ::unlink(tmp.c_str());
