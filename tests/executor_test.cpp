@@ -45,9 +45,11 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
     if (b + 1 < p.blocks.size()) EXPECT_EQ(p.blocks[b].second + 1, p.blocks[b + 1].first) << "blocks tile the layers";
     if (!p.resident[b]) swapped.push_back(p.block_bytes[b]);
   }
-  for (size_t s = 0; s + 1 < swapped.size(); ++s) {
-    EXPECT_LE(swapped[s] + swapped[s + 1], p.arena_bytes) << "consecutive swapped blocks fit the arena together";
-  }
+  // The ring holds every swapped block; two neighbours need not fit together (a block streams
+  // into the bytes its predecessor frees, Note [Streaming into the ring]), and its minimum is
+  // the largest layer. The two-block pipeline's pair rule is checked in TheRingRunsInTheLargestLayer.
+  EXPECT_EQ(p.read_ahead, ReadAhead::kRing);
+  for (std::uint64_t bytes : swapped) EXPECT_LE(bytes, p.arena_bytes) << "every swapped block fits the ring";
   torch::manual_seed(2);
   at::Tensor x = torch::randn({1, 3, 64, 64});
   c10::IValue expected = reference(m, x);
