@@ -167,7 +167,7 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   Forward fwd;
   std::function<std::uint64_t()> read;
   std::uint64_t naive_read = 0;
-  ExecutionPlan naive_plan;
+  ExecutionPlan nplan;
   std::unique_ptr<Skeleton> naive_sk;
   drop_page_cache(path);
   std::uint64_t cache_before = 0, cache_after = 0;
@@ -182,11 +182,9 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
     fwd = [&](std::vector<c10::IValue> in) { return ex->forward(std::move(in)); };
     read = [&] { return ex->bytes_used(); };
   } else if (o.mode == "naive") {
-    eo.residency = false;  // as run --mode naive: the paper's blocks, every one read per call
-    eo.read_ahead = ReadAhead::kPaper;
-    naive_plan = plan_execution(info, eo);
+    nplan = naive_plan(info, eo, path);  // as run --mode naive: buffer + copy within the budget
     naive_sk = std::make_unique<Skeleton>(Skeleton::from_image(info, path));
-    fwd = [&](std::vector<c10::IValue> in) { return naive_forward(*naive_sk, path, info, naive_plan, std::move(in), &naive_read); };
+    fwd = [&](std::vector<c10::IValue> in) { return naive_forward(*naive_sk, path, info, nplan, std::move(in), &naive_read); };
     read = [&] { return naive_read; };
   } else {
     mem = std::make_unique<InMemory>(path, info);
@@ -223,7 +221,7 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   Generation g = generate(path, fwd, prompt, state0, o.new_tokens, read);
   const std::uint64_t act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
   std::uint64_t naive_block = 0;
-  for (auto b : naive_plan.block_bytes) naive_block = std::max(naive_block, b);
+  for (auto b : nplan.block_bytes) naive_block = std::max(naive_block, b);
   const std::uint64_t weights_peak = ex ? ex->weight_memory().peak : o.mode == "direct" ? info.data_size : naive_block;
   page_cache_bytes(path, &cache_after).throw_if_error();
   const std::uint64_t rss = vm_hwm_bytes();

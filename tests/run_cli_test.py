@@ -41,18 +41,26 @@ def main() -> int:
         expect(j["peak_model_bytes"] <= budget, f"peak {j['peak_model_bytes']} > budget {budget}")
         expect(j["page_cache_growth_bytes"] < (1 << 20), f"page cache grew {j['page_cache_growth_bytes']}")
         expect(j["num_blocks"] >= 2 or budget >= info["data_bytes"], "expected swapping at a third")
-    # naive (and the GPU's two-ended ring) read the paper's blocks: their minimum is the largest
-    # pair of adjacent layers, at least the ring's (the largest layer); below it they are refused
-    # with their own minimum.
+    # naive holds a block twice (its read buffer and its copy): its minimum is twice the largest
+    # layer + activations, above the ring's (the largest layer); below it, it is refused with its
+    # own minimum, and at it, its buffer + copies + activations stay within the budget.
     rc, out, err = run(cli, "run", img, "--budget", "4096", "--mode", "naive", "--iters", "1")
-    m = re.search(r"the minimum for this model is (\d+) bytes \([^:]*: the two largest adjacent layers", err)
+    m = re.search(r"below naive's minimum (\d+) bytes \([^:]*: twice the largest layer", err)
     expect(rc == 2 and m is not None, f"naive, tiny budget: exit {rc}, {err!r}")
-    pair_minimum = int(m.group(1)) if m else 0
-    expect(pair_minimum >= minimum, f"naive's minimum {pair_minimum} below the ring's {minimum}")
+    naive_minimum = int(m.group(1)) if m else 0
+    expect(naive_minimum > minimum, f"naive's minimum {naive_minimum} not above the ring's {minimum}")
     for mode in ("naive", "direct"):
-        b = max(budget, pair_minimum) if mode == "naive" else budget
+        b = max(budget, naive_minimum) if mode == "naive" else budget
         rc, out, err = run(cli, "run", img, "--budget", str(b), "--mode", mode, "--iters", "1", "--json")
         expect(rc == 0, f"--mode {mode}: exit {rc}: {err}")
+        if rc == 0 and mode == "naive":
+            j = json.loads(out)
+            expect(0 < j["peak_model_bytes"] <= b, f"naive's peak {j['peak_model_bytes']} (buffer + copy) > budget {b}")
+    # The GPU's two-ended ring needs the two largest adjacent layers.
+    rc, out, err = run(cli, "run", img, "--budget", "4096", "--read-ahead", "paper", "--iters", "1")
+    m = re.search(r"the minimum for this model is (\d+) bytes \([^:]*: the two largest adjacent layers", err)
+    expect(rc == 2 and m is not None, f"paper read-ahead, tiny budget: exit {rc}, {err!r}")
+    pair_minimum = int(m.group(1)) if m else 0
     budget = max(budget, pair_minimum)
     rc, out, err = run(cli, "run", img, "--budget", str(budget), "--device", "cuda", "--check", "--iters", "2", "--json")
     if os.environ.get("SWAPNET_EXPECT_GPU"):
