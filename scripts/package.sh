@@ -22,6 +22,13 @@ preload=$(find "$root/usr/lib" -name libswapnet_preload.so | head -n 1)
 out=$(LD_PRELOAD=$preload /usr/bin/python3 -c 'import torch; print(torch.ones(2).sum())')
 [ "$out" = "tensor(2.)" ] || { echo "package: the packaged preload broke a Python program: $out" >&2; exit 1; }
 echo "package: its preload runs a Python PyTorch program"
+# The launcher finds the full tool in libexec/swapnet/ and answers ctl itself.
+libdir=$(dirname "$(find "$root/usr/lib" -name 'libswapnet.so*' | head -n 1)")
+LD_LIBRARY_PATH=$libdir "$root/usr/bin/swapnet" info >/dev/null ||
+  { echo "package: usr/bin/swapnet did not run the full tool (libexec/swapnet/swapnet-cli)" >&2; exit 1; }
+err=$("$root/usr/bin/swapnet" ctl --socket "$root/none.sock" status 2>&1 || true)
+case "$err" in *"no swapnet serve answers there"*) ;; *) echo "package: swapnet ctl: $err" >&2; exit 1 ;; esac
+echo "package: usr/bin/swapnet runs libexec/swapnet/swapnet-cli and answers ctl itself"
 pydir=$(dirname "$(find "$root/usr/lib" -path '*/swapnet/__init__.py' | head -n 1)")
 /usr/bin/python3 -S -c "
 import sys; sys.path[:0] = ['$(dirname "$pydir")', '/usr/lib/python3/dist-packages']

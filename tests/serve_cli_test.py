@@ -136,6 +136,25 @@ def main() -> int:
     expect(rc == 0 and json.loads(out)["total_budget_bytes"] == 30 << 20, f"ctl status: {out!r}")
     rc, out, err = run(cli, "ctl", "--socket", sock, "budget", "lots")
     expect(rc == 2 and out.startswith("error:"), f"ctl bad size: {rc} {out!r}")
+    # `swapnet ctl` answers without loading libtorch (cli/launcher.cpp): the launcher links none,
+    # and a status round trip, process start included, takes milliseconds (the issue: <= 100 ms;
+    # the full CLI needs ~900 ms only to load libtorch). The median of five, for a loaded machine.
+    ldd = subprocess.run(["ldd", cli], capture_output=True, text=True).stdout.split("\n")
+    heavy = [l.split()[0] for l in ldd if any(k in l for k in ("libtorch", "libc10", "libswapnet"))]
+    expect(not heavy, f"the launcher {cli} links {heavy}")
+    took = []
+    for _ in range(5):
+        t0 = time.monotonic()
+        rc, out, err = run(cli, "ctl", "--socket", sock, "status")
+        took.append((time.monotonic() - t0) * 1e3)
+        expect(rc == 0 and "total_budget_bytes" in out, f"ctl status: {rc} {out!r} {err!r}")
+    took.sort()
+    print(f"ctl status: {', '.join(f'{t:.1f}' for t in took)} ms")
+    expect(took[2] <= 100, f"ctl status median {took[2]:.1f} ms > 100 ms")
+    rc, out, err = run(cli, "ctl", "--help")
+    expect(rc == 0 and "budget SIZE | status" in out, f"ctl --help: {rc} {out!r}")
+    rc, out, err = run(cli, "ctl", "--socket", sock, "--frobnicate", "status")
+    expect(rc == 2 and "unknown option '--frobnicate'" in err, f"ctl bad option: {rc} {err!r}")
     out, err = p.communicate(timeout=120)
     expect(p.returncode == 0, f"serve under ctl exit {p.returncode}: {err}")
     if p.returncode == 0:

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "swapnet/scheduler.h"
+#include "control_wire.h"
 
 namespace swapnet {
 
@@ -123,48 +124,6 @@ BudgetWatcher::~BudgetWatcher() {
 
 // ---- control socket ---------------------------------------------------------------------------
 
-std::string default_control_path() {
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  if (xdg && *xdg) return std::string(xdg) + "/swapnet/serve.sock";
-  return "/tmp/swapnet-" + std::to_string(::getuid()) + "/serve.sock";
-}
-
-namespace {
-
-sockaddr_un socket_address(const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof a.sun_path) {
-    throw Error(path + ": socket path is " + std::to_string(path.size()) + " bytes; the limit is " +
-                std::to_string(sizeof a.sun_path - 1));
-  }
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  return a;
-}
-
-std::string read_line(int fd) {
-  std::string line;
-  char c;
-  while (line.size() < 4096) {
-    ssize_t n = ::read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || c == '\n') break;
-    line.push_back(c);
-  }
-  return line;
-}
-
-void write_all(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);  // a gone peer: no SIGPIPE
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 struct ControlServer::Impl {
   BudgetTarget* rt;
@@ -212,7 +171,7 @@ struct ControlServer::Impl {
   // it sent that were not read (a line over kMaxLine) are read and dropped first, up to 64 KiB:
   // a socket closed with unread input resets the peer, which then loses the answer.
   void finish(Client& c, const std::string& reply) {
-    if (!reply.empty()) write_all(c.fd, reply + "\n");
+    if (!reply.empty()) wire::write_all(c.fd, reply + "\n");
     ::shutdown(c.fd, SHUT_WR);
     char sink[4096];
     for (int i = 0; i < 16; ++i) {
@@ -298,7 +257,7 @@ ControlServer::ControlServer(BudgetTarget* runtime, const std::string& path) : i
   Impl& m = *impl_;
   m.rt = runtime;
   m.path = path;
-  const sockaddr_un addr = socket_address(path);
+  const sockaddr_un addr = wire::socket_address(path);
   const auto slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
@@ -358,22 +317,5 @@ ControlServer::~ControlServer() {
 
 const std::string& ControlServer::path() const { return impl_->path; }
 
-std::string control_request(const std::string& path, const std::string& line) {
-  const sockaddr_un addr = socket_address(path);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(path + ": socket: " + std::strerror(errno));
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw Error(path + ": no swapnet serve answers there (" + why + ")");
-  }
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  write_all(fd, line + "\n");
-  std::string answer = read_line(fd);
-  ::close(fd);
-  if (answer.empty()) throw Error(path + ": no answer");
-  return answer;
-}
 
 }  // namespace swapnet
