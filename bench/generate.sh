@@ -44,17 +44,28 @@ for rate in $rates; do
       mode=$1 div=$2
       budget=$([ "$div" = - ] && echo "$data" || echo $((data / div)))
       echo "bench/generate.sh: $rate round $r: $mode at 1/${div/-/1} of the weights" >&2
+      # naive holds a block twice (run's Note [An honest naive path]): where that does not fit
+      # the budget it is refused, and the row says so.
       bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$cli" generate "$img" --mode "$mode" \
-        --budget "$budget" --prompt-tokens "$prompt" --new-tokens "$new" --profile "$prof" --json |
-        /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); j.pop("call_ms"); j.pop("tokens");
+        --budget "$budget" --prompt-tokens "$prompt" --new-tokens "$new" --profile "$prof" --json \
+        > "$rows.one" 2> "$rows.err" || true
+      /usr/bin/python3 -c 'import json,sys
+try:
+    j = json.load(open(sys.argv[4])); j.pop("call_ms"); j.pop("tokens")
+except ValueError:
+    err = open(sys.argv[5]).read().strip().splitlines()
+    if not err or "below naive" not in err[-1]: sys.exit("bench/generate.sh: " + (err[-1] if err else "no output"))
+    j = {"mode": "naive", "skipped": err[-1], "budget_bytes": int(sys.argv[6])}
 j["rate"], j["fraction"], j["round"] = sys.argv[1], sys.argv[2], int(sys.argv[3]); print(json.dumps(j))' \
-          "$rate" "$div" "$r" >> "$rows"
+        "$rate" "$div" "$r" "$rows.one" "$rows.err" "$budget" >> "$rows"
     done
   done
 done
 /usr/bin/python3 - "$rows" <<'PY' | tee "$out/generate.md"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+skipped = {(r["rate"], r["fraction"]): r["skipped"] for r in rows if "skipped" in r}
+rows = [r for r in rows if "skipped" not in r]
 keys = []
 for r in rows:
     k = (r["rate"], r["mode"], r["fraction"])
@@ -80,4 +91,9 @@ for k in keys:
           f"{ms / bound if bound else float('nan'):.2f} | {ms / direct if direct else float('nan'):.2f} | "
           f"{ms / naive if naive else float('nan'):.2f} | {max(r['peak_model_bytes'] for r in rs) / 1e6:.0f} | "
           f"{max(r['page_cache_growth_bytes'] for r in rs) / 1e6:.0f} | {'yes' if all(r['equal'] for r in rs) else 'NO'} |")
+for (rate, frac), why in skipped.items():
+    print(f"| {rate} | naive | 1/{frac} | | does not fit | | | | | | | | | | |")
+for why in sorted(set(skipped.values())):
+    print(f"\nnaive refused: {why}")
 PY
+rm -f "$rows.one" "$rows.err"
