@@ -5,6 +5,9 @@
 #include <ctime>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <csignal>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,7 +18,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -338,6 +343,71 @@ TEST(Image, WriteRemovesTheTemporaryFilesOfWritesThatDied) {
   ImageInfo got;
   EXPECT_TRUE(read_image_info(img, &got).ok());
   ::close(held);
+}
+
+// A full disk and a directory the writer may not write to (issue 18: faults during pack): the
+// write fails naming the image and the errno, the image already there stays whole, and no
+// temporary file is left. The disk fills up as RLIMIT_FSIZE lets a file grow only so far (the
+// write then fails midway, EFBIG, as ENOSPC would); the directory is 0555 to a user who is not
+// root (the test drops root in a child when it has it).
+TEST(Image, WriteFailuresLeaveTheOldImageAndNoPartialFile) {
+  const std::string dir = temp_dir() + "/faults";
+  ::mkdir(dir.c_str(), 0755);
+  const Fixture small = make_fixture(2), big = make_fixture(12, 5);
+  const std::string img = write_fixture(small, "faults/x.swapnet");
+  const std::string before = slurp(img);
+  auto partials = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().string().find(".partial-") != std::string::npos;
+    return n;
+  };
+  auto write_big = [&] {
+    return write_image(img, big.info, [&](std::size_t t) -> const void* { return big.data[t].data(); });
+  };
+  // In a child: the limit and the user it runs as stay there. Returns the status's message.
+  auto in_child = [&](const std::function<void()>& setup) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      setup();
+      const std::string m = write_big().message();
+      (void)!::write(fds[1], m.data(), m.size());
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string m;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) m.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child died: " << status;
+    return m;
+  };
+  std::string m = in_child([] {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_FSIZE, &lim);
+    lim.rlim_cur = 64 << 10;
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+  });
+  EXPECT_NE(m.find(img + ": write: File too large (EFBIG)"), std::string::npos) << m;
+  EXPECT_EQ(slurp(img), before) << "the old image stays whole";
+  EXPECT_EQ(partials(), 0) << "no temporary file is left";
+
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  m = in_child([] {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+  });
+  EXPECT_NE(m.find(img + ": cannot create a temporary file in " + dir + ": Permission denied (EACCES)"),
+            std::string::npos) << m;
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_EQ(slurp(img), before);
+  EXPECT_EQ(partials(), 0);
+  // And the same write succeeds once it can.
+  EXPECT_TRUE(write_big().ok());
 }
 
 TEST(Image, WriteIsAtomic) {

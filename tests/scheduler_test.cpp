@@ -7,12 +7,14 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -500,6 +502,84 @@ TEST(Runtime, ACutBelowTheMinimumsPausesOneModelAndKeepsTheOther) {
   ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
   EXPECT_TRUE(compare_outputs(s.expected[1], rt->submit(1, {s.x[1].clone()}).get()).equal);
   EXPECT_GE(rt->adaptations().back().took_ms, 0);
+}
+
+// Faults in one model while two serve (issue 18): EIO in the middle of an inference fails that
+// request, naming the image, the block and the errno, and the next one succeeds; short reads are
+// read on; the image replaced (renamed over) or deleted at its path keeps the model serving
+// from the file it opened; the file written or truncated in place fails the model's requests,
+// saying so (Note [The image changing on disk]), never mixing old and new bytes. The other model
+// serves bit-identical outputs throughout.
+TEST(Runtime, FaultsInOneModelFailItsRequestsAndTheOtherKeepsServing) {
+  Models s = small_models();
+  const std::string img = s.pk[0].img + ".served", keep = img + ".keep";
+  std::filesystem::copy_file(s.pk[0].img, img, std::filesystem::copy_options::overwrite_existing);
+  std::atomic<int> fault{0};  // 1: every read fails with EIO; 2: reads return at most 4 KiB
+  std::vector<RuntimeModel> v = specs(s);
+  v[0].image = img;
+  v[0].options.reader.fault = [&](std::uint64_t, std::size_t, long res) -> long {
+    const int f = fault.load();
+    if (f == 1) return -EIO;
+    if (f == 2 && res > 4096) return 4096;
+    return res;
+  };
+  auto rt = Runtime::open(v, 1u << 30);
+  const auto& d = rt->demands();
+  rt->set_budget(d[0].min_bytes + d[1].min_bytes + MiB);  // both swap: every inference reads
+  ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(20)));
+  ASSERT_GT(rt->executor(0).plan().read_bytes, 0u);
+  auto equal = [&](int i) { return compare_outputs(s.expected[i], rt->submit(i, {s.x[i].clone()}).get()).equal; };
+  auto failure = [&](int i) { return error_of([&] { rt->submit(i, {s.x[i].clone()}).get(); }); };
+  EXPECT_TRUE(equal(0));
+  EXPECT_TRUE(equal(1));
+
+  fault = 1;
+  std::string e = failure(0);
+  EXPECT_NE(e.find(img + ": read"), std::string::npos) << e;
+  EXPECT_NE(e.find("(EIO)"), std::string::npos) << e;
+  EXPECT_NE(e.find("block "), std::string::npos) << "names the block: " << e;
+  EXPECT_TRUE(equal(1)) << "the other model serves";
+  fault = 0;
+  EXPECT_TRUE(equal(0)) << "the next request succeeds";
+  fault = 2;
+  EXPECT_TRUE(equal(0)) << "short reads are read on";
+  fault = 0;
+
+  // Replaced, then deleted at its path: the open file is read on, whole.
+  ASSERT_EQ(::link(img.c_str(), keep.c_str()), 0);
+  std::filesystem::copy_file(s.pk[1].img, img + ".new", std::filesystem::copy_options::overwrite_existing);
+  ASSERT_EQ(::rename((img + ".new").c_str(), img.c_str()), 0);
+  EXPECT_TRUE(equal(0)) << "replaced: serves the model it opened";
+  ASSERT_EQ(::unlink(img.c_str()), 0);
+  EXPECT_TRUE(equal(0)) << "deleted: serves the model it opened";
+
+  // Written in place (one byte of the weights flipped, through the other name): refused.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the file clock's tick
+  int fd = ::open(keep.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const off_t at = static_cast<off_t>(s.pk[0].info.data_offset + s.pk[0].info.data_size / 2);
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+  e = failure(0);
+  EXPECT_NE(e.find(img + ": the image changed on disk since it was opened (modified"), std::string::npos) << e;
+  EXPECT_TRUE(equal(1)) << "the other model serves";
+  e = failure(0);
+  EXPECT_NE(e.find("changed on disk"), std::string::npos) << "and stays refused: " << e;
+  // Truncated: refused, with the sizes.
+  ASSERT_EQ(::ftruncate(fd, at), 0);
+  ::close(fd);
+  e = failure(0);
+  EXPECT_NE(e.find("changed on disk since it was opened (size " + std::to_string(s.pk[0].info.file_size)),
+            std::string::npos) << e;
+  EXPECT_TRUE(equal(1));
+  const std::vector<ModelStatus> st = rt->status();
+  EXPECT_EQ(st[0].failed, 4u);
+  EXPECT_EQ(st[1].failed, 0u);
+  EXPECT_EQ(st[0].over_budget + st[1].over_budget, 0u);
+  rt.reset();
+  ::unlink(keep.c_str());
 }
 
 // Note [Control clients]: stalled, half-written, oversized and garbage clients delay no other

@@ -1324,6 +1324,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   // interrupt asks for; re-planning here would read back at the old budget first.
   if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
+  m.reader->check_file().throw_if_error();  // Note [The image changing on disk] (reader.cpp)
   {
     std::vector<ImageInput> in = describe_inputs(inputs);
     bool covered = false;
@@ -1446,6 +1447,8 @@ c10::IValue Executor::finish() {
   try {
     AccountScope charge(m.measuring ? m.measuring->account : 0);
     out = m.sk.finish(*m.run);
+    // Blocks read after a write into the file would be mixed with those read before it.
+    m.reader->check_file().throw_if_error();
   } catch (...) {
     abort();
     throw;

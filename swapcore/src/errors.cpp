@@ -25,6 +25,10 @@ std::string errno_name(int err) {
     case EEXIST: return "EEXIST";
     case EROFS: return "EROFS";
     case ECANCELED: return "ECANCELED";
+    case EFBIG: return "EFBIG";
+    case EDQUOT: return "EDQUOT";
+    case ESTALE: return "ESTALE";
+    case ENOTDIR: return "ENOTDIR";
     default: return "errno " + std::to_string(err);
   }
 }

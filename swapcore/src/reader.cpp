@@ -126,6 +126,11 @@ struct BlockReader::Impl {
   ReaderOptions opt;
   int fd = -1;
   std::uint64_t size = 0;
+  // The file as opened (Note [The image changing on disk]).
+  std::int64_t mtime_ns = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  mutable std::atomic<bool> moved_said{false};
   IoBackend backend = IoBackend::kIoUring;
   io_uring ring{};
   bool ring_ready = false;
@@ -503,6 +508,9 @@ Status BlockReader::open(const std::string& path, const ReaderOptions& options, 
   struct stat st {};
   if (::fstat(impl->fd, &st) != 0) return Status::error(errno, path + ": fstat: " + std::strerror(errno));
   impl->size = static_cast<std::uint64_t>(st.st_size);
+  impl->mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  impl->dev = st.st_dev;
+  impl->ino = st.st_ino;
 
   if (direct) {
     impl->backend = IoBackend::kPreadDirect;
@@ -656,6 +664,43 @@ bool BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_
 }
 
 IoBackend BlockReader::backend() const { return impl_->backend; }
+// Note [The image changing on disk]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model serves for months; its image may be rewritten, truncated, replaced or deleted under
+// it. Blocks are re-read every inference, so bytes written into the file in place would be mixed
+// with blocks read (and kept resident) before, and checksums are only checked on the first
+// read of each layer. The reader keeps the open file's size and modification time, and the
+// executor calls check_file() before and after every inference: a file changed in place
+// (written or truncated: its size or mtime moved) fails that inference and every later one,
+// saying so, and is never mixed silently. A file replaced (renamed over) or deleted at its path
+// is harmless to us: the open descriptor still reads the file as opened, whole and consistent;
+// that is said once, and the model keeps serving from it.
+Status BlockReader::check_file() const {
+  const Impl& m = *impl_;
+  struct stat st {};
+  if (::fstat(m.fd, &st) != 0) {
+    const int e = errno;
+    return Status::error(e, m.path + ": fstat: " + std::strerror(e) + " (" + errno_name(e) + ")");
+  }
+  const std::int64_t mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  if (size != m.size || mtime_ns != m.mtime_ns) {
+    std::string what = size != m.size ? "size " + u64s(m.size) + " -> " + u64s(size) + " bytes"
+                                      : "modified " + std::to_string((mtime_ns - m.mtime_ns) / 1000000) +
+                                            " ms after it was opened, same size";
+    return Status::error(ESTALE, m.path + ": the image changed on disk since it was opened (" + what +
+                                     "): its blocks would no longer match those already read; reopen it "
+                                     "(swapnet pack writes a new image beside the old one and renames it)");
+  }
+  struct stat now {};
+  if ((::stat(m.path.c_str(), &now) != 0 || now.st_ino != m.ino || now.st_dev != m.dev) &&
+      !m.moved_said.exchange(true)) {
+    log(LogLevel::kWarn, m.path + ": the image was replaced or deleted on disk; this model goes on reading the file "
+                                  "it opened (reopen it to use the new one)");
+  }
+  return Status();
+}
+
 const std::string& BlockReader::path() const { return impl_->path; }
 std::uint64_t BlockReader::file_size() const { return impl_->size; }
 std::uint64_t BlockReader::bytes_read() const { return impl_->bytes_read.load(); }
