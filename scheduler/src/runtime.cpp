@@ -146,6 +146,44 @@ struct Runtime::Impl {
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
 
+  // Note [Shedding off the caller's thread]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A cut makes each shrinking model give back at once what its running layer does not read
+  // (Executor::shed). shed() takes the executor's lock, which the model's own thread holds while
+  // it waits for its next block to land: vgg19's 411 MB block, read beside three other models,
+  // held it for seconds, and set_budget() (so the control socket's answer to `swapnet ctl budget`,
+  // and every other client behind it) waited as long (bench/storm.sh: 2,026 ms). set_budget()
+  // now queues the sheds and returns; this thread does them in order, a later cut of the same
+  // model superseding an earlier one. The change's took_ms still ends when the sheds are done.
+  struct ShedOrder {
+    size_t model = 0;
+    std::uint64_t to = 0;     // the model's target when the cut was made
+    std::uint64_t moves = 0;  // its budget_changes then (a move since makes the order moot)
+  };
+  std::deque<ShedOrder> sheds;  // under mu
+  std::thread shedder;
+
+  void shed_loop() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || !sheds.empty(); });
+      if (stop) return;
+      const ShedOrder o = sheds.front();
+      sheds.pop_front();
+      const bool superseded = std::any_of(sheds.begin(), sheds.end(), [&](const ShedOrder& l) { return l.model == o.model; });
+      Worker& x = *w[o.model];
+      if (superseded || target[o.model] != o.to || x.st.budget_changes != o.moves) continue;
+      lk.unlock();
+      const bool shed = x.exec->shed(o.to);
+      lk.lock();
+      if (!shed || x.st.budget_changes != o.moves || x.moving || target[o.model] != o.to) continue;  // moved meanwhile
+      x.shed = true;
+      x.shed_target = o.to;
+      note_if_settled();
+      cv.notify_all();
+    }
+  }
+
   // Under mu: hands free workers to waiting jobs, as the policy picks.
   void dispatch_locked() {
     bool changed = false;
@@ -506,6 +544,7 @@ Runtime::~Runtime() {
     impl_->stop = true;
   }
   impl_->cv.notify_all();
+  if (impl_->shedder.joinable()) impl_->shedder.join();
   for (auto& x : impl_->w) {
     if (x->thread.joinable()) x->thread.join();
   }
@@ -593,6 +632,10 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   // Owned at once, so that the threads already started are joined if starting one fails.
   std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));
   for (size_t i = 0; i < m.w.size(); ++i) m.w[i]->thread = std::thread([&m, i] { m.loop(i); });
+  m.shedder = std::thread([&m] {
+    pthread_setname_np(pthread_self(), "swapnet-shed");
+    m.shed_loop();
+  });
   return rt;
 }
 
@@ -639,7 +682,6 @@ std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inp
 
 void Runtime::set_budget(std::uint64_t total) {
   Impl& m = *impl_;
-  std::vector<std::tuple<size_t, std::uint64_t, std::uint64_t>> shrink;  // model, target, its moves so far
   const Clock::time_point t = Clock::now();
   const Allocation a = m.plan(total);
   const double plan_ms = ms_between(t, Clock::now());
@@ -657,26 +699,17 @@ void Runtime::set_budget(std::uint64_t total) {
     m.adaptations.push_back(std::move(ad));
     m.note_if_settled();
     // Models that must shrink stop at their next layer boundary to move, and give back at once
-    // what their running layer does not read (Note [Shedding] in executor.cpp).
+    // what their running layer does not read (Note [Shedding] in executor.cpp), on the
+    // runtime's shedding thread (Note [Shedding off the caller's thread]).
     for (size_t i = 0; i < m.w.size(); ++i) {
       if (m.target[i] < m.holds(i)) {
         m.w[i]->exec->interrupt();
-        shrink.emplace_back(i, m.target[i], m.w[i]->st.budget_changes);
+        m.sheds.push_back(Impl::ShedOrder{i, m.target[i], m.w[i]->st.budget_changes});
       }
     }
   }
   m.cv.notify_all();
-  for (const auto& [i, to, moves] : shrink) {
-    Worker& x = *m.w[i];
-    if (!x.exec->shed(to)) continue;
-    std::lock_guard<std::mutex> lk(m.mu);
-    if (x.st.budget_changes != moves || x.moving || m.target[i] != to) continue;  // it has moved meanwhile
-    x.shed = true;
-    x.shed_target = to;
-    m.note_if_settled();
-  }
   log(LogLevel::kInfo, "runtime: budget " + format_bytes(total) + ": " + a.note);
-  m.cv.notify_all();
 }
 
 bool Runtime::wait_adapted(std::chrono::milliseconds timeout) const {
