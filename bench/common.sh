@@ -19,3 +19,26 @@ pack_paper_models() {
       "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
   done
 }
+# Starts `swapnet serve SCENARIO [ARGS...]` in the background with a control socket in $work
+# (made and removed by the caller): sets serve_pid and sock, and waits for the socket (the models
+# load and their reference outputs are computed first); exits naming the error if it never
+# opens. The serve's stdout goes to $work/serve.json, its stderr to $work/serve.err.
+start_serve() {
+  local scenario=$1
+  shift
+  sock=$work/serve.sock
+  "$cli" serve "$scenario" --models "$models" --socket "$sock" --json "$@" > "$work/serve.json" 2> "$work/serve.err" &
+  serve_pid=$!
+  for _ in $(seq 600); do
+    [ -S "$sock" ] && return 0
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$(basename "$0"): serve did not open $sock:" >&2
+  cat "$work/serve.err" >&2
+  exit 1
+}
+# The serve's total budget in force, in bytes (swapnet ctl status).
+serve_total() {
+  "$cli" ctl --socket "$sock" status | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["total_budget_bytes"])'
+}

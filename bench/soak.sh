@@ -22,14 +22,11 @@ done
 bash "$repo/scripts/setup.sh" --bench >/dev/null
 pack_paper_models
 work=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
-sock=$work/serve.sock
-"$cli" serve "$repo/scheduler/scenarios/self_driving.json" --models "$models" --duration $(( minutes * 60 + 600 )) \
-  --socket "$sock" --json > "$work/serve.json" 2> "$work/serve.err" &
-pid=$!
-for _ in $(seq 600); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || { echo "bench/soak.sh: serve did not open $sock:" >&2; cat "$work/serve.err" >&2; exit 1; }
-initial=$("$cli" ctl --socket "$sock" status | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["total_budget_bytes"])')
+serve_pid=""
+trap '[ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+start_serve "$repo/scheduler/scenarios/self_driving.json" --duration $(( minutes * 60 + 600 ))
+pid=$serve_pid
+initial=$(serve_total)
 csv=$out/soak.csv
 echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads" > "$csv"
 levels=(1.0 0.8 0.65 0.9)

@@ -23,17 +23,13 @@ while [ $# -gt 0 ]; do
 done
 pack_paper_models
 work=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
-sock=$work/serve.sock
+serve_pid=""
+trap '[ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 # Long enough for the storm (up to 60 ms a change, ~3 ms a ctl) and the calm after it; the serve
 # is told to stop once the storm has ended (the scenario's duration is only an upper bound).
-duration=$(( changes * 70 / 1000 + after + 60 ))
-"$cli" serve "$repo/scheduler/scenarios/self_driving.json" --models "$models" --duration "$duration" \
-  --socket "$sock" --json --timeline "$out/storm_timeline.csv" > "$work/serve.json" 2> "$work/serve.err" &
-pid=$!
-for _ in $(seq 600); do [ -S "$sock" ] && break; sleep 0.1; done
-[ -S "$sock" ] || { echo "bench/storm.sh: serve did not open $sock:" >&2; cat "$work/serve.err" >&2; exit 1; }
-initial=$("$cli" ctl --socket "$sock" status | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["total_budget_bytes"])')
+start_serve "$repo/scheduler/scenarios/self_driving.json" --duration $(( changes * 70 / 1000 + after + 60 )) \
+  --timeline "$out/storm_timeline.csv"
+initial=$(serve_total)
 t0=$(date +%s.%N)
 /usr/bin/python3 - "$cli" "$sock" "$initial" "$changes" "$seed" > "$work/storm.txt" <<'PY'
 import random, subprocess, sys, time
@@ -60,9 +56,9 @@ read -r sent_ok sent_err restored ctl_ms < "$work/storm.txt"
 t1=$(date +%s.%N)
 storm_s=$(/usr/bin/python3 -c "print($t1 - $t0)")
 sleep "$after"
-kill -INT "$pid" 2>/dev/null || true
+kill -INT "$serve_pid" 2>/dev/null || true
 set +e
-wait "$pid"
+wait "$serve_pid"
 status=$?
 set -e
 cp "$work/serve.json" "$out/storm.json"
