@@ -220,9 +220,9 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   const std::uint64_t read0 = read ? read() : 0;
   Generation g = generate(path, fwd, prompt, state0, o.new_tokens, read);
   const std::uint64_t act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
-  std::uint64_t naive_block = 0;
-  for (auto b : nplan.block_bytes) naive_block = std::max(naive_block, b);
-  const std::uint64_t weights_peak = ex ? ex->weight_memory().peak : o.mode == "direct" ? info.data_size : naive_block;
+  const std::uint64_t weights_peak = ex                   ? ex->weight_memory().peak
+                                     : o.mode == "direct" ? info.data_size
+                                                          : largest_block(nplan);  // naive's read buffer
   page_cache_bytes(path, &cache_after).throw_if_error();
   const std::uint64_t rss = vm_hwm_bytes();
 

@@ -114,10 +114,14 @@ std::uint64_t vm_hwm_bytes() {
 // Its minimum is that sum for the finest partition (twice the largest layer + the rest); below
 // it naive does not run, and says so.
 
-std::uint64_t naive_peak_bytes(const ExecutionPlan& plan) {
+std::uint64_t largest_block(const ExecutionPlan& plan) {
   std::uint64_t largest = 0;
   for (std::uint64_t b : plan.block_bytes) largest = std::max(largest, b);
-  return 2 * largest + plan.activation_bytes + plan.pinned_bytes;
+  return largest;
+}
+
+std::uint64_t naive_peak_bytes(const ExecutionPlan& plan) {
+  return 2 * largest_block(plan) + plan.activation_bytes + plan.pinned_bytes;
 }
 
 namespace {
@@ -140,22 +144,20 @@ std::uint64_t naive_min_budget(const ImageInfo& info, const ExecutorOptions& opt
 ExecutionPlan naive_plan(const ImageInfo& info, const ExecutorOptions& options, const std::string& path) {
   ExecutorOptions eo = naive_options(options);
   const std::uint64_t budget = options.budget;
-  const std::uint64_t need = naive_min_budget(info, options);
-  if (budget < need) {
-    throw Error(path + ": --mode naive: budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
-                ") is below naive's minimum " + std::to_string(need) + " bytes (" + format_bytes(need) +
-                ": twice the largest layer, its read buffer and its copy, + activations)");
-  }
   const std::uint64_t least = min_budget(info, eo);
   const std::uint64_t reserve = std::min(planning_reserve(info, eo), least);
-  std::uint64_t half = reserve + (budget - reserve) / 2;
+  // From half of what the budget leaves after the reserve down to the finest plan (at `least`),
+  // whose peak is naive's minimum: the first plan whose buffer + copy fit is naive's.
+  std::uint64_t half = budget > reserve ? reserve + (budget - reserve) / 2 : least;
   for (;;) {
     eo.budget = std::max(half, least);
     ExecutionPlan p = plan_execution(info, eo);
     const std::uint64_t peak = naive_peak_bytes(p);
     if (peak <= budget) return p;
     if (eo.budget == least) {
-      throw Error(path + ": --mode naive: internal: no plan holds buffer + copy within " + std::to_string(budget) + " bytes");
+      throw Error(path + ": --mode naive: budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
+                  ") is below naive's minimum " + std::to_string(peak) + " bytes (" + format_bytes(peak) +
+                  ": twice the largest layer, its read buffer and its copy, + activations)");
     }
     half = eo.budget - std::min(eo.budget - least, peak - budget);
   }
@@ -356,8 +358,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     measure([&] { return naive_forward(sk, path, info, p, clone_inputs(inputs), &naive_read); },
             [&] { return naive_read; });
     // The read buffer is not libtorch's (the meter counts the copies and activations).
-    for (std::uint64_t b : p.block_bytes) arena_peak = std::max(arena_peak, b);
-    arena_bytes = arena_peak;
+    arena_peak = arena_bytes = largest_block(p);
   } else if (o.mode == "direct") {
     InMemory direct(path, info, cuda);
     plan_json.push_back({0, static_cast<int>(info.layers.size()) - 1});

@@ -43,6 +43,7 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
 // and pinned weights, stay within options.budget; Error naming `path` and naive's minimum below it.
 ExecutionPlan naive_plan(const ImageInfo& info, const ExecutorOptions& options, const std::string& path);
 std::uint64_t naive_min_budget(const ImageInfo& info, const ExecutorOptions& options);
+std::uint64_t largest_block(const ExecutionPlan& plan);     // bytes of its largest block
 std::uint64_t naive_peak_bytes(const ExecutionPlan& plan);  // 2 x largest block + activations + pinned
 std::uint64_t vm_hwm_bytes();  // the process's peak RSS (VmHWM)
 void drop_page_cache(const std::string& path);

@@ -40,6 +40,7 @@ namespace {
 constexpr int kMaxRetries = 1000;  // EINTR / EAGAIN on one request before giving up
 
 std::string u64s(std::uint64_t v) { return std::to_string(v); }
+std::int64_t mtime_ns(const struct stat& st) { return std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec; }
 
 bool aligned(std::uint64_t v) { return v % kImageAlign == 0; }
 
@@ -508,7 +509,7 @@ Status BlockReader::open(const std::string& path, const ReaderOptions& options, 
   struct stat st {};
   if (::fstat(impl->fd, &st) != 0) return Status::error(errno, path + ": fstat: " + std::strerror(errno));
   impl->size = static_cast<std::uint64_t>(st.st_size);
-  impl->mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  impl->mtime_ns = mtime_ns(st);
   impl->dev = st.st_dev;
   impl->ino = st.st_ino;
 
@@ -682,18 +683,19 @@ Status BlockReader::check_file() const {
     const int e = errno;
     return Status::error(e, m.path + ": fstat: " + std::strerror(e) + " (" + errno_name(e) + ")");
   }
-  const std::int64_t mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  const std::int64_t now_ns = mtime_ns(st);
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
-  if (size != m.size || mtime_ns != m.mtime_ns) {
+  if (size != m.size || now_ns != m.mtime_ns) {
     std::string what = size != m.size ? "size " + u64s(m.size) + " -> " + u64s(size) + " bytes"
-                                      : "modified " + std::to_string((mtime_ns - m.mtime_ns) / 1000000) +
+                                      : "modified " + std::to_string((now_ns - m.mtime_ns) / 1000000) +
                                             " ms after it was opened, same size";
     return Status::error(ESTALE, m.path + ": the image changed on disk since it was opened (" + what +
                                      "): its blocks would no longer match those already read; reopen it "
                                      "(swapnet pack writes a new image beside the old one and renames it)");
   }
+  // Replaced or deleted at its path: said once, and not looked for again (no stat per inference).
   struct stat now {};
-  if ((::stat(m.path.c_str(), &now) != 0 || now.st_ino != m.ino || now.st_dev != m.dev) &&
+  if (!m.moved_said.load() && (::stat(m.path.c_str(), &now) != 0 || now.st_ino != m.ino || now.st_dev != m.dev) &&
       !m.moved_said.exchange(true)) {
     log(LogLevel::kWarn, m.path + ": the image was replaced or deleted on disk; this model goes on reading the file "
                                   "it opened (reopen it to use the new one)");
