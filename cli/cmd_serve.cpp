@@ -663,6 +663,10 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   j["scheduler"] = s.scheduler;
   j["workers"] = s.workers;
   j["dispatch_us"] = rt->dispatch_us();
+  if (s.scheduler.size() > 3 && s.scheduler.compare(s.scheduler.size() - 3, 3, "+io") == 0) {
+    const SharedDisk::Stats ds = rt->disk_stats();  // Note [One disk, read by urgency]
+    j["disk_reads"] = {{"granted", ds.granted}, {"deferred", ds.deferred}};
+  }
   j["total_budget_bytes"] = rt->total_budget();
   j["initial_budget_bytes"] = total;
   j["duration_s"] = ms_since(start) / 1000;

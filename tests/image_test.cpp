@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -610,6 +612,70 @@ TEST_P(Reader, LeavesNoCopyInThePageCache) {
   ASSERT_TRUE(r->read(info_.data_offset, info_.data_size, buf.p).ok());
   ASSERT_TRUE(page_cache_bytes(path_, &after).ok());
   EXPECT_LE(after, before + 4096) << "fetched " << info_.data_size << " bytes, cache grew by " << after - before;
+}
+
+// Two readers of one SharedDisk (Note [One disk, read by urgency]): once the more urgent one
+// has pieces to issue, the other gets no new slot until it has none, so at most the disk's
+// slots of the other's pieces land between the urgent reader's first and last; the one held
+// back then finishes too. Without the disk's order the two interleave throughout.
+TEST_P(Reader, ASharedDiskServesTheMostUrgentReaderFirst) {
+  auto disk = std::make_shared<SharedDisk>(2);
+  std::mutex mu;
+  std::string order;  // 'a' / 'b' per request landed
+  auto opts = [&](char tag) {
+    ReaderOptions o = options();
+    o.disk = disk;
+    o.fault = [&, tag](std::uint64_t, std::size_t, long res) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order += tag;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(300));  // a slow disk
+      return res;
+    };
+    return o;
+  };
+  std::unique_ptr<BlockReader> a, b;
+  ASSERT_TRUE(BlockReader::open(path_, opts('a'), &a).ok());
+  ASSERT_TRUE(BlockReader::open(path_, opts('b'), &b).ok());
+  a->set_priority(0);
+  b->set_priority(1);
+  EXPECT_EQ(b->priority(), 1);
+  constexpr int kReads = 6;
+  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<BlockReader::Ticket> ta, tb;
+  for (int k = 0; k < kReads; ++k) {
+    bufs.push_back(std::make_unique<Buf>(info_.data_size));
+    tb.push_back(b->submit(info_.data_offset, info_.data_size, bufs.back()->p));
+  }
+  for (int spin = 0; spin < 5000; ++spin) {  // b alone reads first
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (order.size() >= 3) break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  for (int k = 0; k < kReads; ++k) {
+    bufs.push_back(std::make_unique<Buf>(info_.data_size));
+    ta.push_back(a->submit(info_.data_offset, info_.data_size, bufs.back()->p, checks()));
+  }
+  for (auto t : ta) {
+    Status s = a->wait(t);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  for (auto t : tb) {
+    Status s = b->wait(t);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const auto first = order.find('a'), last = order.rfind('a');
+  ASSERT_NE(first, std::string::npos);
+  const auto b_between = std::count(order.begin() + static_cast<long>(first), order.begin() + static_cast<long>(last), 'b');
+  EXPECT_LE(b_between, 2) << "landed: " << order;
+  EXPECT_GT(std::count(order.begin(), order.end(), 'a'), 2 * kReads) << order;
+  EXPECT_EQ(order.back(), 'b') << "b finishes after a: " << order;
+  EXPECT_GT(disk->stats().deferred, 0u);
+  EXPECT_EQ(disk->stats().granted, order.size()) << "every request went through the disk's slots";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Reader, ::testing::Values(0, 1, 2), [](const auto& i) {

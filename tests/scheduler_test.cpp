@@ -312,6 +312,27 @@ TEST(Dispatch, DiskAwareRunsABlockInMemoryWhileTheUrgentOnesBytesLand) {
   EXPECT_NE(error_of([] { make_dispatch_policy("edf+io"); }).find("scheduler 'edf' is not one of"), std::string::npos);
 }
 
+// The order reads take on a shared disk (Note [One disk, read by urgency]): each policy's own
+// order, on keys that do not move with time, so a job granted a block keeps its place.
+TEST(Dispatch, UrgencyOrdersReadsAsThePolicyOrdersJobs) {
+  auto lst = make_dispatch_policy("lst+io");
+  // Latest start: deadline - remaining. Job 1 (150 - 30 = 120) before job 0 (200 - 50 = 150);
+  // without a deadline after both, first come first.
+  EXPECT_LT(lst->urgency(job(1, 5, 150, 30)), lst->urgency(job(0, 0, 200, 50)));
+  EXPECT_LT(lst->urgency(job(0, 0, 200, 50)), lst->urgency(job(2, 1, 0, 1)));
+  EXPECT_LT(lst->urgency(job(2, 1, 0, 1)), lst->urgency(job(3, 2, 0, 1)));
+  // The same order as pick() at any time.
+  for (double now : {0.0, 50.0, 110.0}) {
+    EXPECT_EQ(lst->pick({job(0, 0, 200, 50), job(1, 5, 150, 30)}, now).pick, 1) << now;
+  }
+  auto sel = make_dispatch_policy("sel");
+  EXPECT_LT(sel->urgency(job(0, 9, 0, 10)), sel->urgency(job(1, 0, 0, 20)));
+  for (const char* name : {"fifo", "rr", "heft"}) {
+    auto p = make_dispatch_policy(name);
+    EXPECT_LT(p->urgency(job(0, 1, 0, 90)), p->urgency(job(1, 2, 0, 10))) << name;
+  }
+}
+
 TEST(Dispatch, UnknownSchedulerIsNamed) {
   const std::string e = error_of([] { make_dispatch_policy("edf2"); });
   EXPECT_NE(e.find("scheduler 'edf2' is not one of threads, fifo, rr, sel, lst"), std::string::npos) << e;
@@ -777,6 +798,10 @@ TEST_P(CentralRuntime, AThousandRequestsWithRandomDeadlinesAreBitIdentical) {
   EXPECT_GT(met, 0u);
   if (std::string(GetParam()).rfind("lst", 0) == 0) EXPECT_GT(dropped, 0);
   EXPECT_GT(rt->dispatch_us(), 0.0);
+  // "+io": every read went through the models' shared disk, in turns (Note [One disk, read by
+  // urgency]); a blind policy leaves each reader on its own.
+  const bool io = std::string(GetParam()).find("+io") != std::string::npos;
+  EXPECT_EQ(rt->disk_stats().granted > 0, io);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, CentralRuntime, ::testing::Values("fifo", "rr", "sel", "lst", "heft", "lst+io"),

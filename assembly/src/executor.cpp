@@ -1636,6 +1636,7 @@ const ExecutionPlan& Executor::plan() const { return impl_->plan; }
 const ImageInfo& Executor::info() const { return impl_->info; }
 const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
+void Executor::set_read_priority(double priority) { impl_->reader->set_priority(priority); }
 std::uint64_t Executor::bytes_used() const { return impl_->used_bytes; }
 std::uint64_t Executor::streamed_blocks() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);

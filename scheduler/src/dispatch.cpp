@@ -40,6 +40,12 @@
 // its bytes landed, and deadlines met fell by 8-14 % (docs/scheduler.md). With a stateful
 // policy (rr, heft) the choice among blocks in memory, when not taken, leaves its mark (heft:
 // that job's reservation until it is granted).
+//
+// The "+io" variant also orders the reads themselves: the runtime puts every model's reader on
+// one SharedDisk per device and sets each job's read priority to the policy's urgency() at each
+// decision (a job with no request waiting reads last), so the disk serves the most urgent job's
+// blocks first instead of every model's read-ahead in the order it came (Note [One disk, read
+// by urgency] in reader.cpp).
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -98,12 +104,18 @@ class ShortestExpected : public DispatchPolicy {
     }
     return d;
   }
+  double urgency(const DispatchCandidate& c) const override { return c.remaining_ms; }
 };
 
 // Least slack time, with early drop (Note [Dispatch policies]).
 class LeastSlack : public DispatchPolicy {
  public:
   std::string name() const override { return "lst"; }
+  // The latest start (deadline - remaining): slack's order at any one time, fixed in time.
+  // Requests without a deadline after those with one, first come first served.
+  double urgency(const DispatchCandidate& c) const override {
+    return c.deadline_ms > 0 ? c.deadline_ms - c.remaining_ms : 1e12 + c.arrival_ms;
+  }
   DispatchDecision pick(const std::vector<DispatchCandidate>& w, double now) override {
     DispatchDecision d;
     constexpr double kNone = std::numeric_limits<double>::infinity();
@@ -165,6 +177,7 @@ class DiskAware : public DispatchPolicy {
   explicit DiskAware(std::unique_ptr<DispatchPolicy> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name() + "+io"; }
   bool reads_unread() const override { return true; }
+  double urgency(const DispatchCandidate& c) const override { return inner_->urgency(c); }
   DispatchDecision pick(const std::vector<DispatchCandidate>& w, double now) override {
     DispatchDecision first = inner_->pick(w, now);
     if (first.pick < 0 || w[static_cast<size_t>(first.pick)].unread_ms <= 0) return first;

@@ -22,12 +22,14 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -142,6 +144,8 @@ struct Runtime::Impl {
   Clock::time_point notified;
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".
   std::unique_ptr<DispatchPolicy> dispatch;
+  bool disk_aware = false;  // the models' reads take turns on their disk by urgency (dispatch.cpp)
+  std::vector<std::shared_ptr<SharedDisk>> disks;  // one per device the images are on
   int free_workers = 0;
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
@@ -203,6 +207,7 @@ struct Runtime::Impl {
               x.cand.unread_ms = static_cast<double>(unread) * std::max(x.ms_per_byte, 1e-9);
             }
           }
+          if (disk_aware) w[j]->exec->set_read_priority(dispatch->urgency(w[j]->cand));
           c.push_back(w[j]->cand);
           who.push_back(j);
         }
@@ -476,6 +481,8 @@ struct Runtime::Impl {
     }
     // Answered once counted: status() read after a result includes it.
     lk.unlock();
+    // Reading ahead for a request not yet here comes after every request waiting.
+    if (disk_aware) x.exec->set_read_priority(std::numeric_limits<double>::infinity());
     if (ok) {
       r.done.set_value(std::move(result));
     } else {
@@ -560,7 +567,9 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     m.dispatch = make_dispatch_policy(options.scheduler, options.workers);
     if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
     m.free_workers = options.workers;
+    m.disk_aware = m.dispatch->reads_unread();
   }
+  std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
   install_cpu_meter();
   const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
   for (auto& spec : models) {
@@ -583,6 +592,15 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     o.blocks = 0;
     o.resident.clear();
     if (o.grid_step == 0) o.grid_step = default_grid_step(info);
+    struct stat st {};
+    if (m.disk_aware && ::stat(spec.image.c_str(), &st) == 0) {
+      auto& d = disks[st.st_dev];
+      if (!d) {
+        d = std::make_shared<SharedDisk>(o.reader.queue_depth);
+        m.disks.push_back(d);
+      }
+      o.reader.disk = d;
+    }
     auto x = std::make_unique<Worker>();
     x->exec = Executor::open(spec.image, o);
     x->costs = layer_costs(x->exec->info(), o);
@@ -652,6 +670,16 @@ double Runtime::seconds() const { return ms_between(impl_->t0, Clock::now()) / 1
 
 std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inputs) {
   return submit(model, std::move(inputs), Clock::time_point{});
+}
+
+SharedDisk::Stats Runtime::disk_stats() const {
+  SharedDisk::Stats sum;
+  for (const auto& d : impl_->disks) {
+    const SharedDisk::Stats s = d->stats();
+    sum.granted += s.granted;
+    sum.deferred += s.deferred;
+  }
+  return sum;
 }
 
 double Runtime::dispatch_us() const {

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,107 @@ Status page_cache_bytes(const std::string& path, std::uint64_t* out) {
   return s;
 }
 
+// ---- one disk, several readers ----------------------------------------------------------
+
+// Note [One disk, read by urgency]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The models a Runtime serves read one disk. Each executor reads ahead on its own and each
+// reader keeps queue_depth requests in flight, so the kernel (and a throttled cgroup's queue)
+// serves the models' reads interleaved in the order they came: the block a request near its
+// deadline waits for shares the disk with another model's read-ahead for a frame that has not
+// even arrived. Hetero²Pipe orders the stages that contend for a shared resource; here we order
+// the reads. A SharedDisk caps the requests in flight from all its readers at `pieces` (one
+// reader's queue depth, which keeps the disk busy) and gives each free slot to the most urgent
+// reader that has a piece to issue (the lowest priority; equals share). The Runtime sets the
+// priorities from its policy's order (Note [The disk as a scheduled resource] in dispatch.cpp).
+// A reader held back with nothing in flight sleeps until a slot frees or a priority changes
+// (woken; after 2 ms if the wake-up raced with its going to sleep). Requests already in flight
+// are never recalled, so a reader that becomes the most urgent waits for at most `pieces`
+// requests of others (8 MB by default: 20 ms at 400 MB/s) before the disk is its alone.
+struct SharedDisk::State {
+  struct Member {
+    double priority = 0;
+    bool wants = false;  // has a piece to issue (asked, and has not said it is idle since)
+    std::function<void()> wake;
+  };
+  mutable std::mutex mu;
+  unsigned cap = 32;
+  unsigned in_flight = 0;
+  std::map<int, Member> members;
+  int next_id = 1;
+  std::uint64_t granted = 0, deferred = 0;
+
+  // Wakes are called under mu: a reader leaving (under mu) then knows none is running into it.
+  void wake_wanting_locked(int except) {
+    for (auto& [id, m] : members) {
+      if (id != except && m.wants && m.wake) m.wake();
+    }
+  }
+  int join(std::function<void()> wake) {
+    std::lock_guard<std::mutex> lock(mu);
+    const int id = next_id++;
+    members[id].wake = std::move(wake);
+    return id;
+  }
+  void leave(int id) {
+    std::lock_guard<std::mutex> lock(mu);
+    members.erase(id);
+    wake_wanting_locked(id);
+  }
+  void set_priority(int id, double p) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = members.find(id);
+    if (it == members.end() || it->second.priority == p) return;
+    it->second.priority = p;
+    wake_wanting_locked(0);
+  }
+  double priority(int id) const {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = members.find(id);
+    return it == members.end() ? 0.0 : it->second.priority;
+  }
+  // A reader with a piece to issue asks for a slot on the disk.
+  bool acquire(int id) {
+    std::lock_guard<std::mutex> lock(mu);
+    Member& me = members[id];
+    me.wants = true;
+    if (in_flight >= cap) return false;
+    for (const auto& [other, m] : members) {
+      if (other != id && m.wants && m.priority < me.priority) {
+        ++deferred;
+        return false;
+      }
+    }
+    ++in_flight;
+    ++granted;
+    return true;
+  }
+  // A reader has nothing (more) to issue: it no longer holds others back.
+  void idle(int id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = members.find(id);
+    if (it == members.end() || !it->second.wants) return;
+    it->second.wants = false;
+    wake_wanting_locked(id);
+  }
+  void release(unsigned n) {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight -= std::min(n, in_flight);
+    wake_wanting_locked(0);
+  }
+};
+
+SharedDisk::SharedDisk(unsigned pieces) : state_(std::make_unique<State>()) {
+  state_->cap = std::max(1u, pieces);
+}
+SharedDisk::~SharedDisk() = default;
+unsigned SharedDisk::pieces() const { return state_->cap; }
+SharedDisk::Stats SharedDisk::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return Stats{state_->granted, state_->deferred};
+}
+
 // ---- the reader -------------------------------------------------------------------------
 
 struct BlockReader::Impl {
@@ -147,6 +249,10 @@ struct BlockReader::Impl {
   std::atomic<std::uint64_t> bytes_read{0};
   std::thread worker;
   std::vector<Request> requests;
+  // Shared with other readers of the disk (Note [One disk, read by urgency]); null: alone.
+  std::shared_ptr<SharedDisk> disk;
+  int disk_id = 0;
+  std::atomic<std::uint64_t> disk_wakes{0};  // bumped by the disk when a slot may be ours
 
   ~Impl() {
     {
@@ -155,6 +261,7 @@ struct BlockReader::Impl {
     }
     work_cv.notify_all();
     if (worker.joinable()) worker.join();
+    if (disk) disk->state().leave(disk_id);
     if (ring_ready) io_uring_queue_exit(&ring);
     if (fd >= 0) ::close(fd);
   }
@@ -322,6 +429,29 @@ struct BlockReader::Impl {
     io_uring_sqe_set_data64(sqe, index);
   }
 
+  bool has_piece() const {
+    for (const Job* j : pending) {
+      if (j->submitted < j->length && j->status.ok()) return true;
+    }
+    return false;
+  }
+  // With a shared disk: whether this reader may issue a piece now (false: held back, or nothing
+  // to issue). Without: whether it has a piece.
+  bool may_issue() {
+    if (!has_piece()) {
+      if (disk) disk->state().idle(disk_id);
+      return false;
+    }
+    return !disk || disk->state().acquire(disk_id);
+  }
+  void disk_release(unsigned n) {
+    if (disk) disk->state().release(n);
+  }
+  // Held back by the disk with nothing in flight: sleep until woken (or 2 ms, a raced wake-up).
+  void wait_for_disk(std::unique_lock<std::mutex>& lock, std::uint64_t seen) {
+    work_cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping || disk_wakes.load() != seen; });
+  }
+
   // Hands out the next request-sized piece of the oldest job with bytes left to issue.
   bool next_piece(Request& r) {
     for (Job* j : pending) {
@@ -354,6 +484,7 @@ struct BlockReader::Impl {
     unsigned in_flight = 0;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
+      if (disk && in_flight == 0 && !has_piece()) disk->state().idle(disk_id);  // never sleep holding others back
       work_cv.wait(lock, [&] {
         if (stopping || in_flight > 0) return true;
         for (Job* j : pending) {
@@ -362,10 +493,19 @@ struct BlockReader::Impl {
         return false;
       });
       if (stopping && in_flight == 0) return;
-      // 1. Refill the ring and submit without waiting.
+      // 1. Refill the ring and submit without waiting (as far as the shared disk lets us).
+      const std::uint64_t wakes = disk_wakes.load();
+      bool held_back = false;
       for (unsigned i = 0; i < requests.size() && !stopping; ++i) {
         if (requests[i].busy) continue;
-        if (!next_piece(requests[i])) break;
+        if (!may_issue()) {
+          held_back = disk && has_piece();
+          break;
+        }
+        if (!next_piece(requests[i])) {
+          disk_release(1);
+          break;
+        }
         issue_uring(requests[i], i);
         ++in_flight;
       }
@@ -381,7 +521,10 @@ struct BlockReader::Impl {
       // 2. Hash what has landed while the reads run, and hand back finished reads.
       hash_unwaited(lock);
       retire_finished_locked();
-      if (in_flight == 0) continue;
+      if (in_flight == 0) {
+        if (held_back) wait_for_disk(lock, wakes);
+        continue;
+      }
       // 3. Wait for completions.
       lock.unlock();
       io_uring_cqe* first = nullptr;
@@ -395,6 +538,7 @@ struct BlockReader::Impl {
           r.job->in_flight--;
           r.busy = false;
         }
+        disk_release(in_flight);
         in_flight = 0;
         continue;
       }
@@ -408,6 +552,7 @@ struct BlockReader::Impl {
           r.job->in_flight--;
           r.busy = false;
           --in_flight;
+          disk_release(1);
         } else {
           issue_uring(r, idx);  // EINTR, EAGAIN or the rest of a short read: next submit
         }
@@ -425,6 +570,7 @@ struct BlockReader::Impl {
     std::unique_lock<std::mutex> lock(mu);
     Request& r = requests[0];
     for (;;) {
+      if (disk && !has_piece()) disk->state().idle(disk_id);  // never sleep holding others back
       work_cv.wait(lock, [&] {
         if (stopping) return true;
         for (Job* j : pending) {
@@ -433,7 +579,14 @@ struct BlockReader::Impl {
         return false;
       });
       if (stopping) return;
+      const std::uint64_t wakes = disk_wakes.load();
+      if (!may_issue()) {
+        if (disk && has_piece()) wait_for_disk(lock, wakes);
+        retire_finished_locked();
+        continue;
+      }
       if (!next_piece(r)) {
+        disk_release(1);
         retire_finished_locked();
         continue;
       }
@@ -449,6 +602,7 @@ struct BlockReader::Impl {
       lock.lock();
       r.job->in_flight--;
       r.busy = false;
+      disk_release(1);
       notify_hashers();
       hash_unwaited(lock);
       retire_finished_locked();
@@ -531,6 +685,13 @@ Status BlockReader::open(const std::string& path, const ReaderOptions& options, 
   }
   impl->requests.resize(impl->backend == IoBackend::kIoUring ? options.queue_depth : 1);
   Impl* raw = impl.get();
+  if (options.disk) {
+    impl->disk = options.disk;
+    impl->disk_id = impl->disk->state().join([raw] {
+      raw->disk_wakes.fetch_add(1);
+      raw->work_cv.notify_all();
+    });
+  }
   impl->worker = std::thread([raw] {
     pthread_setname_np(pthread_self(), "swapnet-io");
     if (raw->backend == IoBackend::kIoUring) raw->run_uring();
@@ -663,6 +824,11 @@ bool BlockReader::register_buffers(const std::vector<std::pair<void*, std::size_
   for (const auto& b : buffers) m.fixed.emplace_back(static_cast<char*>(b.first), b.second);
   return true;
 }
+
+void BlockReader::set_priority(double priority) {
+  if (impl_->disk) impl_->disk->state().set_priority(impl_->disk_id, priority);
+}
+double BlockReader::priority() const { return impl_->disk ? impl_->disk->state().priority(impl_->disk_id) : 0.0; }
 
 IoBackend BlockReader::backend() const { return impl_->backend; }
 // Note [The image changing on disk]

@@ -337,6 +337,9 @@ class SWAPNET_API Executor {
   bool try_next_block_unread_bytes(std::uint64_t* out) const;
   // Thread-safe: the step() in progress (or the next one) returns at its next layer boundary.
   void interrupt();
+  // Thread-safe: how urgent this model's reads are on a disk shared with other models
+  // (ExecutorOptions::reader.disk; lower goes first). No effect without a shared disk.
+  void set_read_priority(double priority);
   // Thread-safe, for a budget cut that cannot wait for the running layer to end: when the plan
   // in force needs more than `budget`, gives back at once every byte of weights the running
   // layer does not read (reads ahead cancelled, ring pages punched out, resident blocks

@@ -102,8 +102,14 @@ class SWAPNET_API DispatchPolicy {
   virtual std::string name() const = 0;
   // Called with at least one candidate; `now_ms` on the candidates' clock.
   virtual DispatchDecision pick(const std::vector<DispatchCandidate>& waiting, double now_ms) = 0;
-  // Whether pick() reads DispatchCandidate::unread_ms (the runtime refreshes it only then).
+  // Whether pick() reads DispatchCandidate::unread_ms (the runtime refreshes it only then). Such
+  // a policy is disk-aware: the runtime also has the models' reads take turns on their disk in
+  // the order urgency() gives (Note [One disk, read by urgency] in swapcore's reader.cpp).
   virtual bool reads_unread() const { return false; }
+  // How urgent a job's reads are, lower first, on a scale that does not move with time (a job
+  // keeps the key it had when granted while its block runs): the policy's order. Default: first
+  // come, first served.
+  virtual double urgency(const DispatchCandidate& c) const { return c.arrival_ms; }
 };
 // "fifo" (earliest arrival), "rr" (round robin over models, a block each), "sel" (shortest
 // expected remaining latency), "lst" (least slack: deadline - now - remaining; a request whose
@@ -233,6 +239,9 @@ class SWAPNET_API Runtime : public BudgetTarget {
                                   std::chrono::steady_clock::time_point deadline);
   // Microseconds the dispatch policy took per decision (mean, since open); 0 under "threads".
   double dispatch_us() const;
+  // A disk-aware scheduler ("+io"): the reads its models' readers took turns for on their disks
+  // (SharedDisk::Stats summed over the disks); zeros otherwise.
+  SharedDisk::Stats disk_stats() const;
 
   // A new total: re-runs the budgeter and returns (microseconds). Each model moves to its new
   // plan between two blocks of the inference it is running (an idle one at once; a shrinking

@@ -185,6 +185,30 @@ SWAPNET_API Status check_image(const std::string& path, const ImageInfo& info);
 enum class IoBackend { kIoUring, kPreadDirect, kBuffered };
 SWAPNET_API const char* to_string(IoBackend b);
 
+// One disk read by several block readers (the models of a Runtime), which take turns by
+// urgency: at most `pieces` requests are in flight on it from all of them together, and a
+// reader is held back while a more urgent one (a lower BlockReader::set_priority) has pieces to
+// issue. Equal priorities share the disk as the kernel serves them. Note [One disk, read by
+// urgency] in reader.cpp. Thread-safe; readers hold it by shared_ptr (ReaderOptions::disk).
+class SWAPNET_API SharedDisk {
+ public:
+  explicit SharedDisk(unsigned pieces = 32);
+  ~SharedDisk();
+  SharedDisk(const SharedDisk&) = delete;
+  SharedDisk& operator=(const SharedDisk&) = delete;
+  unsigned pieces() const;
+  struct Stats {
+    std::uint64_t granted = 0;   // pieces handed to the kernel through it
+    std::uint64_t deferred = 0;  // times a reader with pieces to issue was held back for a more urgent one
+  };
+  Stats stats() const;
+  struct State;  // reader.cpp
+  State& state() const { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 struct ReaderOptions {
   // Defaults chosen with bench/io_sweep.sh on resnet101 and vgg19 images (docs/io.md): 32 x
   // 256 KiB had the best fetch/raw ratio on this project's machines.
@@ -196,6 +220,9 @@ struct ReaderOptions {
   // Test hook at the I/O boundary: sees each request's (offset, length, result) and may rewrite
   // the result (a short count, -EIO, -EINTR, -EAGAIN) before swapcore handles it.
   std::function<long(std::uint64_t offset, std::size_t length, long result)> fault;
+  // Shared with the other readers of the same disk, which then take turns by priority
+  // (SharedDisk); null: this reader keeps up to queue_depth requests in flight on its own.
+  std::shared_ptr<SharedDisk> disk;
 };
 
 // Reads byte ranges of one file into caller-provided aligned buffers: O_DIRECT through io_uring,
@@ -245,6 +272,12 @@ class SWAPNET_API BlockReader {
   // OK (said once in the log) when it was only replaced or deleted at its path, whose bytes the
   // open descriptor still reads. Cheap (fstat + stat): the executor calls it every inference.
   Status check_file() const;
+
+  // With ReaderOptions::disk: how urgent this reader's reads are (lower goes first; default 0,
+  // where readers share the disk as equals). Any thread, any time; a reader held back re-asks
+  // at once.
+  void set_priority(double priority);
+  double priority() const;
 
   IoBackend backend() const;
   const std::string& path() const;
