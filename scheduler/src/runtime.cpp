@@ -76,6 +76,7 @@ struct Worker {
   bool waiting = false;
   Grant grant = Grant::kNone;
   DispatchCandidate cand;
+  double read_priority = 0;  // on a shared disk (disk-aware schedulers)
   std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
   double ms_per_byte = 0;                        // the cost model's read time
   std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
@@ -188,6 +189,12 @@ struct Runtime::Impl {
     }
   }
 
+  // Under mu: a job's read priority on its shared disk, told to the disk only when it moved.
+  void set_read_priority(Worker& x, double p) {
+    if (p == x.read_priority) return;
+    x.read_priority = p;
+    x.exec->set_read_priority(p);
+  }
   // Under mu: hands free workers to waiting jobs, as the policy picks.
   void dispatch_locked() {
     bool changed = false;
@@ -207,7 +214,7 @@ struct Runtime::Impl {
               x.cand.unread_ms = static_cast<double>(unread) * std::max(x.ms_per_byte, 1e-9);
             }
           }
-          if (disk_aware) w[j]->exec->set_read_priority(dispatch->urgency(w[j]->cand));
+          if (disk_aware) set_read_priority(*w[j], dispatch->urgency(w[j]->cand));
           c.push_back(w[j]->cand);
           who.push_back(j);
         }
@@ -228,6 +235,9 @@ struct Runtime::Impl {
       Worker& x = *w[who[static_cast<size_t>(d.pick)]];
       x.waiting = false;
       x.grant = Grant::kGo;
+      // The block now holding a core reads first: behind a more urgent job still waiting for a
+      // core, its core would idle until that job's reads were done (priority inversion).
+      if (disk_aware) set_read_priority(x, -std::numeric_limits<double>::infinity());
       --free_workers;
       changed = true;
     }
@@ -482,7 +492,11 @@ struct Runtime::Impl {
     // Answered once counted: status() read after a result includes it.
     lk.unlock();
     // Reading ahead for a request not yet here comes after every request waiting.
-    if (disk_aware) x.exec->set_read_priority(std::numeric_limits<double>::infinity());
+    if (disk_aware) {
+      lk.lock();
+      set_read_priority(x, std::numeric_limits<double>::infinity());
+      lk.unlock();
+    }
     if (ok) {
       r.done.set_value(std::move(result));
     } else {
@@ -596,7 +610,7 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     if (m.disk_aware && ::stat(spec.image.c_str(), &st) == 0) {
       auto& d = disks[st.st_dev];
       if (!d) {
-        d = std::make_shared<SharedDisk>(o.reader.queue_depth);
+        d = std::make_shared<SharedDisk>(0);  // order only: a cap of one queue depth lost 46 % (docs/scheduler.md)
         m.disks.push_back(d);
       }
       o.reader.disk = d;

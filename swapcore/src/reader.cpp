@@ -97,14 +97,16 @@ Status page_cache_bytes(const std::string& path, std::uint64_t* out) {
 // serves the models' reads interleaved in the order they came: the block a request near its
 // deadline waits for shares the disk with another model's read-ahead for a frame that has not
 // even arrived. Hetero²Pipe orders the stages that contend for a shared resource; here we order
-// the reads. A SharedDisk caps the requests in flight from all its readers at `pieces` (one
-// reader's queue depth, which keeps the disk busy) and gives each free slot to the most urgent
-// reader that has a piece to issue (the lowest priority; equals share). The Runtime sets the
-// priorities from its policy's order (Note [The disk as a scheduled resource] in dispatch.cpp).
-// A reader held back with nothing in flight sleeps until a slot frees or a priority changes
-// (woken; after 2 ms if the wake-up raced with its going to sleep). Requests already in flight
-// are never recalled, so a reader that becomes the most urgent waits for at most `pieces`
-// requests of others (8 MB by default: 20 ms at 400 MB/s) before the disk is its alone.
+// the reads. A reader of a SharedDisk issues a request only while no more urgent reader (a
+// lower priority; equals share) has one to issue; the Runtime sets the priorities from its
+// policy's order (Note [The disk as a scheduled resource] in dispatch.cpp). A reader held back
+// sleeps until a request of another ends or a priority changes (woken; within 1-2 ms if the
+// wake-up raced with its going to sleep). Requests already in flight are never recalled, so a
+// reader that becomes the most urgent still finds up to a queue depth of each other reader's
+// requests ahead of it. `pieces` > 0 also caps the requests in flight from all readers
+// together, which makes that queue shorter: with one queue depth (32 x 256 KiB) four models on
+// a disk throttled to 400 MB/s met 46 % fewer deadlines (docs/scheduler.md), so the Runtime
+// sets no cap.
 struct SharedDisk::State {
   struct Member {
     double priority = 0;
@@ -112,7 +114,7 @@ struct SharedDisk::State {
     std::function<void()> wake;
   };
   mutable std::mutex mu;
-  unsigned cap = 32;
+  unsigned cap = 0;  // 0: none
   unsigned in_flight = 0;
   std::map<int, Member> members;
   int next_id = 1;
@@ -152,7 +154,7 @@ struct SharedDisk::State {
     std::lock_guard<std::mutex> lock(mu);
     Member& me = members[id];
     me.wants = true;
-    if (in_flight >= cap) return false;
+    if (cap > 0 && in_flight >= cap) return false;
     for (const auto& [other, m] : members) {
       if (other != id && m.wants && m.priority < me.priority) {
         ++deferred;
@@ -180,7 +182,7 @@ struct SharedDisk::State {
 };
 
 SharedDisk::SharedDisk(unsigned pieces) : state_(std::make_unique<State>()) {
-  state_->cap = std::max(1u, pieces);
+  state_->cap = pieces;
 }
 SharedDisk::~SharedDisk() = default;
 unsigned SharedDisk::pieces() const { return state_->cap; }
@@ -528,7 +530,19 @@ struct BlockReader::Impl {
       // 3. Wait for completions.
       lock.unlock();
       io_uring_cqe* first = nullptr;
-      int wr = io_uring_wait_cqe(&ring, &first);
+      // Held back with pieces in flight: a slot the disk frees does not complete our reads, so
+      // look again within 1 ms rather than at our next completion (the queue would run dry).
+      int wr = 0;
+      if (held_back) {
+        __kernel_timespec ts{0, 1000000};
+        wr = io_uring_wait_cqe_timeout(&ring, &first, &ts);
+        if (wr == -ETIME) {
+          lock.lock();
+          continue;
+        }
+      } else {
+        wr = io_uring_wait_cqe(&ring, &first);
+      }
       lock.lock();
       if (wr < 0 && wr != -EINTR && wr != -EAGAIN) {
         for (auto& r : requests) {

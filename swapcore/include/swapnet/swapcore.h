@@ -186,17 +186,18 @@ enum class IoBackend { kIoUring, kPreadDirect, kBuffered };
 SWAPNET_API const char* to_string(IoBackend b);
 
 // One disk read by several block readers (the models of a Runtime), which take turns by
-// urgency: at most `pieces` requests are in flight on it from all of them together, and a
-// reader is held back while a more urgent one (a lower BlockReader::set_priority) has pieces to
-// issue. Equal priorities share the disk as the kernel serves them. Note [One disk, read by
-// urgency] in reader.cpp. Thread-safe; readers hold it by shared_ptr (ReaderOptions::disk).
+// urgency: a reader is held back while a more urgent one (a lower BlockReader::set_priority)
+// has pieces to issue, and at most `pieces` requests are in flight from all of them together
+// (0: no cap beyond each reader's queue depth). Equal priorities share the disk as the kernel
+// serves them. Note [One disk, read by urgency] in reader.cpp. Thread-safe; readers hold it by
+// shared_ptr (ReaderOptions::disk).
 class SWAPNET_API SharedDisk {
  public:
-  explicit SharedDisk(unsigned pieces = 32);
+  explicit SharedDisk(unsigned pieces = 0);
   ~SharedDisk();
   SharedDisk(const SharedDisk&) = delete;
   SharedDisk& operator=(const SharedDisk&) = delete;
-  unsigned pieces() const;
+  unsigned pieces() const;  // 0: no cap
   struct Stats {
     std::uint64_t granted = 0;   // pieces handed to the kernel through it
     std::uint64_t deferred = 0;  // times a reader with pieces to issue was held back for a more urgent one
