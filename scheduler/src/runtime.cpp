@@ -146,7 +146,7 @@ struct Runtime::Impl {
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".
   std::unique_ptr<DispatchPolicy> dispatch;
   bool disk_aware = false;  // the models' reads take turns on their disk by urgency (dispatch.cpp)
-  std::vector<std::shared_ptr<SharedDisk>> disks;  // one per device the images are on
+  std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
   int free_workers = 0;
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
@@ -489,14 +489,10 @@ struct Runtime::Impl {
     } else {
       ++x.st.failed;
     }
+    // Reading ahead for a request not yet here comes after every request waiting.
+    if (disk_aware) set_read_priority(x, std::numeric_limits<double>::infinity());
     // Answered once counted: status() read after a result includes it.
     lk.unlock();
-    // Reading ahead for a request not yet here comes after every request waiting.
-    if (disk_aware) {
-      lk.lock();
-      set_read_priority(x, std::numeric_limits<double>::infinity());
-      lk.unlock();
-    }
     if (ok) {
       r.done.set_value(std::move(result));
     } else {
@@ -583,7 +579,6 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     m.free_workers = options.workers;
     m.disk_aware = m.dispatch->reads_unread();
   }
-  std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
   install_cpu_meter();
   const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
   for (auto& spec : models) {
@@ -608,11 +603,8 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     if (o.grid_step == 0) o.grid_step = default_grid_step(info);
     struct stat st {};
     if (m.disk_aware && ::stat(spec.image.c_str(), &st) == 0) {
-      auto& d = disks[st.st_dev];
-      if (!d) {
-        d = std::make_shared<SharedDisk>(0);  // order only: a cap of one queue depth lost 46 % (docs/scheduler.md)
-        m.disks.push_back(d);
-      }
+      auto& d = m.disks[st.st_dev];
+      if (!d) d = std::make_shared<SharedDisk>(0);  // order only: a cap of one queue depth lost 46 % (docs/scheduler.md)
       o.reader.disk = d;
     }
     auto x = std::make_unique<Worker>();
@@ -688,7 +680,7 @@ std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inp
 
 SharedDisk::Stats Runtime::disk_stats() const {
   SharedDisk::Stats sum;
-  for (const auto& d : impl_->disks) {
+  for (const auto& [dev, d] : impl_->disks) {
     const SharedDisk::Stats s = d->stats();
     sum.granted += s.granted;
     sum.deferred += s.deferred;

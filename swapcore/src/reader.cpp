@@ -100,8 +100,8 @@ Status page_cache_bytes(const std::string& path, std::uint64_t* out) {
 // the reads. A reader of a SharedDisk issues a request only while no more urgent reader (a
 // lower priority; equals share) has one to issue; the Runtime sets the priorities from its
 // policy's order (Note [The disk as a scheduled resource] in dispatch.cpp). A reader held back
-// sleeps until a request of another ends or a priority changes (woken; within 1-2 ms if the
-// wake-up raced with its going to sleep). Requests already in flight are never recalled, so a
+// sleeps until a more urgent one goes idle, a priority changes or, with a cap, a request ends
+// (woken; within 1-2 ms if the wake-up raced with its going to sleep). Requests already in flight are never recalled, so a
 // reader that becomes the most urgent still finds up to a queue depth of each other reader's
 // requests ahead of it. `pieces` > 0 also caps the requests in flight from all readers
 // together, which makes that queue shorter: with one queue depth (32 x 256 KiB) four models on
@@ -173,11 +173,13 @@ struct SharedDisk::State {
     it->second.wants = false;
     wake_wanting_locked(id);
   }
+  // Requests ended. Without a cap nobody waits for a slot (only for more urgent readers to go
+  // idle), so nobody is woken: this runs once per completed request.
   void release(unsigned n) {
     if (n == 0) return;
     std::lock_guard<std::mutex> lock(mu);
     in_flight -= std::min(n, in_flight);
-    wake_wanting_locked(0);
+    if (cap > 0) wake_wanting_locked(0);
   }
 };
 
@@ -487,13 +489,7 @@ struct BlockReader::Impl {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
       if (disk && in_flight == 0 && !has_piece()) disk->state().idle(disk_id);  // never sleep holding others back
-      work_cv.wait(lock, [&] {
-        if (stopping || in_flight > 0) return true;
-        for (Job* j : pending) {
-          if (j->submitted < j->length && j->status.ok()) return true;
-        }
-        return false;
-      });
+      work_cv.wait(lock, [&] { return stopping || in_flight > 0 || has_piece(); });
       if (stopping && in_flight == 0) return;
       // 1. Refill the ring and submit without waiting (as far as the shared disk lets us).
       const std::uint64_t wakes = disk_wakes.load();
@@ -585,13 +581,7 @@ struct BlockReader::Impl {
     Request& r = requests[0];
     for (;;) {
       if (disk && !has_piece()) disk->state().idle(disk_id);  // never sleep holding others back
-      work_cv.wait(lock, [&] {
-        if (stopping) return true;
-        for (Job* j : pending) {
-          if (j->submitted < j->length && j->status.ok()) return true;
-        }
-        return false;
-      });
+      work_cv.wait(lock, [&] { return stopping || has_piece(); });
       if (stopping) return;
       const std::uint64_t wakes = disk_wakes.load();
       if (!may_issue()) {
