@@ -4,18 +4,21 @@
 # seconds through a cycle of levels (1.0, 0.8, 0.65, 0.9 x the scenario's total, via `swapnet
 # ctl`). Just before each change the serve process's RSS, open files and threads are sampled, so
 # that samples at the same level compare: a leak shows as a slope at every level.
-#   bench/soak.sh [--minutes M] [--every S] [--warmup-minutes W]
-# Writes bench/results/soak.csv (t_s, level, total_budget_bytes, rss_bytes, fds, threads),
+#   bench/soak.sh [--minutes M] [--every S] [--warmup-minutes W] [--tag T]
+# The serve inherits the environment, so allocator variants compare side by side, e.g.
+#   MALLOC_ARENA_MAX=2 bench/soak.sh --tag arena2
+# Writes (soak_T.* with --tag) bench/results/soak.csv (t_s, level, total_budget_bytes, rss_bytes, fds, threads),
 # soak.json (serve's --json), soak.md (slopes after the first W minutes, per level, in MB/hour;
 # fds and threads min/max) and soak.png (gnuplot, where installed: scripts/setup.sh --bench).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-minutes=60 every=4 warmup=5
+minutes=60 every=4 warmup=5 name=soak
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
     --every) every=$2; shift 2 ;;
     --warmup-minutes) warmup=$2; shift 2 ;;
+    --tag) name=soak_$2; shift 2 ;;
     *) echo "bench/soak.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -27,7 +30,7 @@ trap '[ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true; rm -rf "$wor
 start_serve "$repo/scheduler/scenarios/self_driving.json" --duration $(( minutes * 60 + 600 ))
 pid=$serve_pid
 initial=$(serve_total)
-csv=$out/soak.csv
+csv=$out/$name.csv
 echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads" > "$csv"
 levels=(1.0 0.8 0.65 0.9)
 start=$(date +%s)
@@ -49,8 +52,8 @@ set +e
 wait "$pid"
 status=$?
 set -e
-cp "$work/serve.json" "$out/soak.json"
-/usr/bin/python3 - "$csv" "$out/soak.json" "$status" "$warmup" <<'PY' | tee "$out/soak.md"
+cp "$work/serve.json" "$out/$name.json"
+/usr/bin/python3 - "$csv" "$out/$name.json" "$status" "$warmup" <<'PY' | tee "$out/$name.md"
 import csv, json, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 status, warmup_s = int(sys.argv[3]), float(sys.argv[4]) * 60
@@ -89,7 +92,7 @@ PY
 if command -v gnuplot > /dev/null; then
   gnuplot <<GP
 set terminal pngcairo size 900,600
-set output "$out/soak.png"
+set output "$out/$name.png"
 set datafile separator ","
 set multiplot layout 2,1 title "swapnet serve soak: the four paper models, budget moving every ${every} s"
 set xlabel "minutes"
