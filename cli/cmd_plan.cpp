@@ -55,6 +55,8 @@ json plan_json(const ExecutionPlan& p) {
           {"predicted_ms", p.predicted_ms},
           {"bytes_read_per_inference", p.read_bytes},
           {"arena_bytes", p.arena_bytes},
+          {"retain_block", p.retain_block},
+          {"retained_bytes", p.retained_bytes},
           {"pair_bytes", p.pair_bytes},
           {"read_ahead", to_string(p.read_ahead)},
           {"min_read_bytes", p.min_read_bytes},
@@ -168,6 +170,10 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
                 format_bytes(j["arena_bytes"].get<std::uint64_t>()).c_str(), j["read_ahead"].get<std::string>().c_str(),
                 format_bytes(j["pair_bytes"].get<std::uint64_t>()).c_str(),
                 format_bytes(j["min_read_bytes"].get<std::uint64_t>()).c_str());
+    if (j["retain_block"].get<int>() >= 0) {
+      std::printf("  keeps %s of block %d across inferences, reads the rest of it\n",
+                  format_bytes(j["retained_bytes"].get<std::uint64_t>()).c_str(), j["retain_block"].get<int>());
+    }
     char paper_pipeline[96] = "does not fit (it needs the largest pair of adjacent layers)";
     if (!j["paper_pipeline"].is_null()) {
       std::snprintf(paper_pipeline, sizeof paper_pipeline, "%.1f ms", j["paper_pipeline"]["predicted_ms"].get<double>());

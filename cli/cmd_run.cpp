@@ -339,7 +339,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
       resident_json.push_back(static_cast<int>(p.resident[b]));
     }
     plan_facts = {{"read_ahead", to_string(p.read_ahead)}, {"pair_bytes", p.pair_bytes},
-                  {"plan_read_bytes", p.read_bytes},
+                  {"plan_read_bytes", p.read_bytes}, {"retained_bytes", p.retained_bytes},
                   {"min_read_bytes", min_read_bytes(info, eo)}};
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());

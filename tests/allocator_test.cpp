@@ -229,6 +229,58 @@ TEST(BlockRing, AStreamedBlockTakesItsPlaceAsOlderBlocksGo) {
   EXPECT_EQ(memory_stats().current, before.current);
 }
 
+// Note [Keeping part of a block]: kept bytes just before the ring, counted from the start; a
+// block pushed at the ring's first byte waits for (or streams over) the blocks there, and lies
+// contiguous with the kept bytes.
+TEST(BlockRing, KeptBytesPrecedeTheRingAndABlockFollowsThemAtItsStart) {
+  const std::uint64_t P = 4096, cap = 32 * P;
+  const MemoryStats before = memory_stats();
+  {
+    auto ring = BlockRing::create(cap, MemoryKind::kHost, true, 10 * P);
+    ASSERT_EQ(ring->kept(), 10u * P);
+    ASSERT_EQ(ring->kept_begin() + 10 * P, ring->base());
+    EXPECT_EQ(ring->capacity(), cap);
+    EXPECT_EQ(ring->used(), 10u * P);
+    EXPECT_EQ(memory_stats().current - before.current, 10u * P);
+    std::memset(ring->kept_begin(), 7, 10 * P);  // the kept part, written once
+    char* f = static_cast<char*>(ring->push_first(12 * P));
+    ASSERT_EQ(f, ring->base());
+    char* a = static_cast<char*>(ring->push(12 * P));
+    ASSERT_EQ(a, f + 12 * P);
+    EXPECT_EQ(ring->push_first(4 * P), nullptr) << "f holds the start";
+    ring->pop();  // f
+    EXPECT_EQ(ring->push_first(13 * P), nullptr) << "a holds page 12";
+    char* g = static_cast<char*>(ring->push_first(12 * P));
+    ASSERT_EQ(g, ring->base()) << "room before a";
+    EXPECT_EQ(ring->push(10 * P), nullptr) << "wrapped: only [12, 12) is free before a";
+    ring->pop();  // a
+    char* b = static_cast<char*>(ring->push(16 * P));
+    ASSERT_EQ(b, g + 12 * P);
+    // Streamed at the start over g and b: its pieces free as they go.
+    EXPECT_EQ(ring->push_first(20 * P), nullptr);
+    char* s = static_cast<char*>(ring->push_first_streamed(20 * P));
+    ASSERT_EQ(s, ring->base());
+    EXPECT_TRUE(ring->streaming());
+    EXPECT_EQ(ring->used(), 10u * P + 28 * P) << "kept, g, b; s's bytes only where they hold none";
+    EXPECT_FALSE(ring->range_free(s, P));
+    ring->pop();  // g
+    EXPECT_TRUE(ring->range_free(s, 12 * P));
+    EXPECT_FALSE(ring->range_free(s + 12 * P, P));
+    ring->pop();  // b
+    EXPECT_FALSE(ring->streaming());
+    EXPECT_EQ(ring->used(), 10u * P + 20 * P);
+    for (std::uint64_t i = 0; i < 10 * P; ++i) ASSERT_EQ(ring->kept_begin()[i], 7) << "kept bytes untouched";
+    // discard_except gives back the kept bytes too, but for what is kept.
+    ring->discard_except({{ring->kept_begin(), 4 * P}});
+    EXPECT_EQ(ring->kept_begin()[0], 7);
+    EXPECT_EQ(ring->kept_begin()[5 * P], 0) << "given back";
+    ring->clear();
+    EXPECT_EQ(ring->used(), 10u * P);
+  }
+  EXPECT_EQ(memory_stats().current, before.current);
+  EXPECT_THROW(BlockRing::create(cap, MemoryKind::kHost, false, P), Error) << "two ends keep nothing";
+}
+
 // Random FIFO use with streamed pushes: blocks never overlap once whole, a streamed block's free
 // ranges are never held by another, and used() is the union of the bytes held.
 TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) {

@@ -111,6 +111,71 @@ INSTANTIATE_TEST_SUITE_P(Models, Resume,
                                   (i.param.grid ? "_grid" : "");
                          });
 
+// Note [Keeping part of a block]: the first bytes of resnet18's largest layer kept across
+// inferences, the rest read at the ring's start each inference (streamed over the blocks there
+// at the least budget), under every checksum policy: bit-identical, within the budget, and
+// reading exactly the plan's bytes once the kept part is in (whole again when every fetch is
+// verified). A budget change in the middle of an inference moves off and back onto such a plan.
+TEST(KeepPart, TheRestOfALargeLayerIsReadEachInferenceBitIdentically) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  int big = 0;
+  for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) {
+    if (info.layers[k].size > info.layers[big].size) big = k;
+  }
+  ASSERT_GT(big, 0);
+  const std::uint64_t B = info.layers[big].size, P = B / 2 / kImageAlign * kImageAlign;
+  install_cpu_meter();
+  for (auto verify : {ExecutorOptions::Verify::kFirst, ExecutorOptions::Verify::kAlways, ExecutorOptions::Verify::kNever}) {
+    ExecutorOptions o;
+    for (int k = 1; k < static_cast<int>(info.layers.size()); ++k) o.partition.push_back(k);  // a block per layer
+    o.retain_block = big;
+    o.retained_bytes = P;
+    o.verify = verify;
+    o.budget = min_budget(info, o) + P;  // the ring no larger than the largest layer
+    auto ex = Executor::open(pk.img, o);
+    ASSERT_EQ(ex->plan().retain_block, big);
+    ASSERT_EQ(ex->plan().retained_bytes, P);
+    EXPECT_LE(ex->plan().total(), o.budget);
+    std::uint64_t swapped = 0;
+    for (size_t b = 0; b < ex->plan().blocks.size(); ++b) swapped += ex->plan().resident[b] ? 0 : ex->plan().block_bytes[b];
+    EXPECT_EQ(ex->plan().read_bytes, swapped - P);
+    for (int i = 0; i < 5; ++i) {
+      const std::uint64_t base = cpu_meter().current, read0 = ex->bytes_used();
+      ex->reset_weight_peak();
+      reset_cpu_meter_peak();
+      Comparison cmp = compare_outputs(expected, ex->forward({x.clone()}));
+      ASSERT_TRUE(cmp.equal) << "inference " << i << ": " << cmp.difference;
+      EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak - base), o.budget) << "inference " << i;
+      if (i >= 2) {
+        EXPECT_EQ(ex->bytes_used() - read0,
+                  ex->plan().read_bytes + (verify == ExecutorOptions::Verify::kAlways ? P : 0))
+            << "inference " << i;
+      }
+    }
+    if (verify != ExecutorOptions::Verify::kAlways) {  // reads that verify are never streamed
+      EXPECT_GT(ex->streamed_blocks(), 0u) << "the rest streams over the blocks at the ring's start";
+    }
+    // Off the plan in the middle of the largest layer's block and back.
+    ex->begin({x.clone()});
+    bool done = false;
+    while (!done && ex->next_layer() <= big) done = ex->step(big + 1);
+    ex->set_budget(info.data_size * 2);
+    EXPECT_EQ(ex->plan().retain_block, -1);
+    while (!done) done = ex->step();
+    EXPECT_TRUE(compare_outputs(expected, ex->finish()).equal);
+  }
+  ExecutorOptions bad;
+  bad.partition = {big, big + 1};  // the largest layer alone in block 1, kept resident
+  bad.resident = {1};
+  bad.retain_block = 1;
+  bad.budget = info.data_size * 2;
+  EXPECT_NE(error_of([&] { Executor::open(pk.img, bad); }).find("block 1 to keep in part"), std::string::npos);
+}
+
 // shed() from another thread while a layer runs (how Runtime cuts a budget without waiting for
 // the layer): what is held drops at once to within the new budget, the shared-memory pages go
 // with it, and the inference, moved to the new plan at the next layer boundary, stays

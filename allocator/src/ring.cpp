@@ -30,6 +30,18 @@
 // the overlap is gone nothing more is pushed (fits() is false); used() and the accounting count
 // the union of the bytes held, never a byte twice, so the ring's capacity stays the promise.
 //
+// Note [Keeping part of a block]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A layer larger than most of the budget (vgg19's fc6: 392 MiB of a 429 MiB budget) has to be
+// read whole every inference when blocks are kept or swapped whole, though most of its bytes
+// could stay: the ring needs its room only while the other blocks pass through. A ring may
+// therefore be created with `kept` bytes just before its first byte. The planner keeps the
+// first `kept` bytes of one swapped block there across inferences; each inference the rest of
+// that block is pushed at the ring's first byte (push_first, or streamed into it as the blocks
+// there end), so the block lies whole and contiguous at kept_begin() while it runs, and the ring
+// is free for the others the rest of the time. The kept bytes are read once (the block's first
+// read is whole) and count as used from the ring's creation.
+//
 // Memory the GPU reads in place (managed, or registered) keeps the two-ended arena
 // (Note [Two-ended arena]) unless `deep` is asked: at most two blocks, at opposite ends, the
 // paper's pipeline, which still guarantees progress whenever any two consecutive blocks fit.
@@ -52,7 +64,9 @@ std::uint64_t page_up(std::uint64_t v) { return (v + kPage - 1) / kPage * kPage;
 struct BlockRing::Impl {
   MemoryKind kind = MemoryKind::kHost;
   std::uint64_t capacity = 0;
-  std::unique_ptr<Arena> arena;  // the memory (two-ended: its two ends)
+  std::uint64_t kept = 0;        // bytes before the ring (Note [Keeping part of a block])
+  std::unique_ptr<Arena> arena;  // the memory (two-ended: its two ends); deep: kept + capacity
+  char* base() const { return arena->base() + kept; }
   bool deep = false;             // a contiguous ring; else two-ended
   // Contiguous ring: where the next block goes after the newest, and whether the newest blocks
   // sit before the oldest (the ring has wrapped: free space is [head, oldest)).
@@ -78,9 +92,17 @@ struct BlockRing::Impl {
   // Blocks in FIFO order from the oldest: wrapped when the newest does not lie after it (a
   // streamed newest block may start where the oldest does).
   void set_wrapped() { wrapped = fifo.size() > 1 && fifo.back().offset <= fifo.front().offset; }
+  void* push_over(std::uint64_t offset, std::uint64_t bytes);
 
   ~Impl() {
-    if (deep) account_memory(-static_cast<std::int64_t>(used));  // a two-ended arena accounts its own
+    if (deep) account_memory(-static_cast<std::int64_t>(used + kept));  // a two-ended arena accounts its own
+  }
+  // Bytes of [0, bytes) that any block holds.
+  bool start_held(std::uint64_t bytes) const {
+    for (const Entry& e : fifo) {
+      if (e.offset < bytes) return true;
+    }
+    return false;
   }
   // Deep: where a block of `bytes` goes now, or capacity when it does not fit.
   std::uint64_t slot(std::uint64_t bytes) const {
@@ -92,15 +114,19 @@ struct BlockRing::Impl {
   }
 };
 
-std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind, bool deep) {
+std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind, bool deep, std::uint64_t kept) {
   capacity = page_up(capacity);
+  kept = page_up(kept);
   if (capacity == 0) throw Error("block ring: capacity must be positive");
   auto impl = std::make_unique<Impl>();
   const bool host = kind == MemoryKind::kHost || (kind == MemoryKind::kManaged && !cuda_device().usable);
-  impl->arena = Arena::create(capacity, kind);
+  if (kept > 0 && !(deep && host)) throw Error("block ring: kept bytes need a deep ring in host memory");
+  impl->arena = Arena::create(kept + capacity, kind);
   impl->kind = impl->arena->kind();
-  impl->capacity = impl->arena->capacity();
+  impl->kept = kept;
+  impl->capacity = impl->arena->capacity() - kept;
   impl->deep = deep && host;
+  if (kept > 0) account_memory(static_cast<std::int64_t>(kept));
   return std::unique_ptr<BlockRing>(new BlockRing(std::move(impl)));
 }
 
@@ -111,9 +137,11 @@ MemoryKind BlockRing::kind() const { return impl_->kind; }
 bool BlockRing::deep() const { return impl_->deep; }
 std::uint64_t BlockRing::capacity() const { return impl_->capacity; }
 std::size_t BlockRing::blocks() const { return impl_->fifo.size(); }
-std::uint64_t BlockRing::used() const { return impl_->used; }
+std::uint64_t BlockRing::used() const { return impl_->used + impl_->kept; }
 
-char* BlockRing::base() const { return impl_->arena->base(); }
+char* BlockRing::base() const { return impl_->base(); }
+char* BlockRing::kept_begin() const { return impl_->arena->base(); }
+std::uint64_t BlockRing::kept() const { return impl_->kept; }
 
 char* BlockRing::device_address(void* p) const {
   return impl_->arena->device_base() + (static_cast<char*>(p) - impl_->arena->base());
@@ -136,7 +164,7 @@ void* BlockRing::push(std::uint64_t bytes) {
   e.bytes = bytes;
   if (m.deep) {
     e.offset = m.slot(bytes);
-    p = m.arena->base() + e.offset;
+    p = m.base() + e.offset;
     m.head = e.offset + bytes;
   } else {
     // The end opposite the block already there (low when the ring is empty).
@@ -154,16 +182,42 @@ void* BlockRing::push(std::uint64_t bytes) {
   return p;
 }
 
+void* BlockRing::push_first(std::uint64_t bytes) {
+  Impl& m = *impl_;
+  bytes = page_up(bytes);
+  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0 || m.start_held(bytes)) return nullptr;
+  m.fifo.push_back(Impl::Entry{0, bytes});
+  m.used += bytes;
+  m.head = bytes;
+  m.set_wrapped();
+  account_memory(static_cast<std::int64_t>(bytes));
+  return m.base();
+}
+
+void* BlockRing::push_first_streamed(std::uint64_t bytes) {
+  if (void* p = push_first(bytes)) return p;
+  Impl& m = *impl_;
+  bytes = page_up(bytes);
+  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0) return nullptr;
+  return m.push_over(0, bytes);
+}
+
 void* BlockRing::push_streamed(std::uint64_t bytes) {
   Impl& m = *impl_;
   bytes = page_up(bytes);
   if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0) return nullptr;
   if (m.fifo.empty() || m.slot(bytes) < m.capacity) return push(bytes);
-  Impl::Entry e;
-  e.bytes = bytes;
   // After the newest block when the ring has wrapped and it fits before the end (the bytes it
   // waits for are then the oldest blocks'), else from the start.
-  e.offset = m.wrapped && bytes <= m.capacity - m.head ? m.head : 0;
+  return m.push_over(m.wrapped && bytes <= m.capacity - m.head ? m.head : 0, bytes);
+}
+
+// A block at `offset` over bytes older blocks still hold (Note [Streaming into the ring]).
+void* BlockRing::Impl::push_over(std::uint64_t offset, std::uint64_t bytes) {
+  Impl& m = *this;
+  Impl::Entry e;
+  e.bytes = bytes;
+  e.offset = offset;
   m.fifo.push_back(e);
   m.overlap = m.held_by_older(e.offset, bytes);
   const std::uint64_t added = bytes - m.overlap;
@@ -171,7 +225,7 @@ void* BlockRing::push_streamed(std::uint64_t bytes) {
   m.head = e.offset + bytes;
   m.set_wrapped();
   account_memory(static_cast<std::int64_t>(added));
-  return m.arena->base() + e.offset;
+  return m.base() + e.offset;
 }
 
 bool BlockRing::streaming() const { return impl_->overlap > 0; }
@@ -179,7 +233,7 @@ bool BlockRing::streaming() const { return impl_->overlap > 0; }
 bool BlockRing::range_free(const void* p, std::uint64_t bytes) const {
   const Impl& m = *impl_;
   if (!m.deep || m.overlap == 0) return true;
-  const std::uint64_t off = static_cast<std::uint64_t>(static_cast<const char*>(p) - m.arena->base());
+  const std::uint64_t off = static_cast<std::uint64_t>(static_cast<const char*>(p) - m.base());
   return m.held_by_older(off, bytes) == 0;
 }
 
@@ -224,7 +278,7 @@ void BlockRing::discard_except(const std::vector<std::pair<const char*, std::uin
   for (const auto& [p, bytes] : keep) {
     if (bytes == 0) continue;
     const std::uint64_t off = static_cast<std::uint64_t>(p - base);
-    kept.emplace_back(off / kPage * kPage, std::min(page_up(off + bytes), m.capacity));
+    kept.emplace_back(off / kPage * kPage, std::min(page_up(off + bytes), m.kept + m.capacity));
   }
   std::sort(kept.begin(), kept.end());
   std::uint64_t at = 0;
@@ -232,7 +286,7 @@ void BlockRing::discard_except(const std::vector<std::pair<const char*, std::uin
     if (a > at) m.arena->discard(at, a - at);
     at = std::max(at, b);
   }
-  if (m.capacity > at) m.arena->discard(at, m.capacity - at);
+  if (m.kept + m.capacity > at) m.arena->discard(at, m.kept + m.capacity - at);
 }
 
 }  // namespace swapnet

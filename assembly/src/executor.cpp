@@ -294,12 +294,24 @@ ReadAhead effective_read_ahead(const ExecutorOptions& o) {
 // the largest consecutive pair for the two-block pipelines.
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
                           const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
-                          std::uint64_t budget) {
+                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0) {
   ExecutionPlan p;
   Partition part;
   part.blocks = blocks;
   part.resident = resident;
   part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
+  // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
+  // whole pages, and never all of it.
+  if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
+      !resident[retain_block]) {
+    std::uint64_t bytes = 0;
+    for (int k = blocks[retain_block].first; k <= blocks[retain_block].second; ++k) bytes += info.layers[k].size;
+    retained = std::min(retained / kImageAlign * kImageAlign, bytes > kImageAlign ? bytes - kImageAlign : 0);
+    if (retained > 0) {
+      part.retain_block = retain_block;
+      part.retained_bytes = retained;
+    }
+  }
   evaluate(costs, m, &part);
   p.blocks = std::move(blocks);
   p.resident = std::move(resident);
@@ -312,11 +324,14 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   p.pair_bytes = part.arena_bytes;
   p.resident_bytes = part.resident_bytes;
   p.read_bytes = part.read_bytes;
+  p.retain_block = part.retain_block;
+  p.retained_bytes = part.retained_bytes;
   p.activation_bytes = info.activation_bytes;
   p.pinned_bytes = pinned_bytes(info, sk, block_of_layer(info, p.blocks), p.resident, nullptr);
-  // The deep ring needs only the largest block (Note [A ring of one block]); two ends a pair.
+  // The deep ring needs only the largest block (Note [A ring of one block]; of a block kept in
+  // part, the rest); two ends a pair.
   std::uint64_t ring = ra == ReadAhead::kRing ? part.block_max : p.pair_bytes;
-  const std::uint64_t fixed = p.activation_bytes + p.pinned_bytes + p.resident_bytes;
+  const std::uint64_t fixed = p.activation_bytes + p.pinned_bytes + p.resident_bytes + p.retained_bytes;
   if (ra == ReadAhead::kRing && p.read_bytes > 0 && budget > fixed) {
     // Whole pages: the ring is mapped in pages, and what it maps is what it holds.
     ring = std::max(ring, std::min(p.read_bytes, (budget - fixed) / kImageAlign * kImageAlign));
@@ -386,7 +401,12 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       }
       flags[r] = 1;
     }
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget);
+    if (o.retain_block >= 0 && (o.retain_block >= static_cast<int>(blocks.size()) || flags[o.retain_block])) {
+      throw Error(origin + ": block " + std::to_string(o.retain_block) + " to keep in part is not one of the " +
+                  "partition's swapped blocks (0.." + std::to_string(blocks.size() - 1) + ")");
+    }
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget,
+                                  o.retain_block, o.retained_bytes);
     if (p.total() > o.budget) {
       throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
                       format_bytes(p.total()) + ")");
@@ -402,7 +422,8 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       po.read_ahead = ra;
       Partition best = optimal_partition(costs, o.budget - reserve, o.cost, po);
       if (best.feasible) {
-        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget);
+        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
+                                      best.retain_block, best.retained_bytes);
         if (p.total() <= o.budget) return done(std::move(p));
       }
     }
@@ -585,6 +606,9 @@ struct Executor::Impl {
   std::uint64_t used_bytes = 0;   // Executor::bytes_used()
   bool registered = false;        // the ring is registered with the reader (register_ring)
   std::uint64_t streamed = 0;     // blocks read streamed (Executor::streamed_blocks)
+  // The ring's kept bytes hold the first plan.retained_bytes of block plan.retain_block, read
+  // whole once since the ring was made (Note [Keeping part of a block] in ring.cpp).
+  bool retained_valid = false;
   // Held by the thread using the executor except while a layer runs, so that shed() (any
   // thread) finds the state between two changes (Note [Shedding]).
   mutable std::recursive_mutex mu;
@@ -613,7 +637,10 @@ struct Executor::Impl {
     int block = 0;
     int first = 0, last = 0;     // layers read (first > the block's first: trimmed)
     std::uint64_t bytes = 0;
-    char* at = nullptr;          // CPU address
+    // Bytes at the start not read (the part kept of plan.retain_block; then `at` is the ring's
+    // kept_begin() and the read lands at its first byte).
+    std::uint64_t skip = 0;
+    char* at = nullptr;          // CPU address of the first layer's bytes
     BlockReader::Ticket ticket = 0;
     bool resident = false;       // into `kept`
     bool next = false;           // for the next inference
@@ -708,7 +735,7 @@ struct Executor::Impl {
   // Registers the ring with the reader (Note above adopt) if it is not, and the reader is idle.
   void register_ring() {
     if (registered || !ring || shed_pending) return;  // registering maps (zero-fills) every page
-    registered = reader->register_buffers({{ring->base(), ring->capacity()}});
+    registered = reader->register_buffers({{ring->kept_begin(), ring->kept() + ring->capacity()}});
   }
 
   // Where weightless blocks' views point (they have no bytes, but need an address).
@@ -790,15 +817,28 @@ struct Executor::Impl {
         f.at = f.bytes > 0 ? kept->base() + kept_at[b] + (offset(first) - offset(bf)) : zero_page();
         if (first == bf) kept_state[b] = Kept::kLoading;
       } else if (f.bytes > 0) {
+        // The block kept in part (Note [Keeping part of a block]): read from its first layer
+        // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
+        // until that has been done once, or when its checksums are to be verified.
+        const bool keeps = b == plan.retain_block;
+        std::uint64_t kept = 0;
+        if (keeps) {
+          f.first = bf;
+          f.bytes = span(bf, bl);
+          kept = plan.retained_bytes;
+          f.skip = retained_valid && checks_for(bf, bl).empty() ? kept : 0;
+        }
         if (cuda) reclaim(false);
         while (may_wait && !ring->fits(f.bytes) && gpu_pending.size() > 1) reclaim(true, true);
-        if (!ring->fits(f.bytes)) {
+        char* at = static_cast<char*>(keeps ? ring->push_first(f.bytes - kept) : ring->push(f.bytes));
+        if (at == nullptr) {
           // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
           // their bytes. Not with checksums to verify (they need the layer whole in one read).
-          if (!opt.stream || f.bytes <= kPiece || !checks_for(first, bl).empty()) return;
-          f.at = static_cast<char*>(ring->push_streamed(f.bytes));
-          if (f.at == nullptr) return;
-          f.pieces.assign((f.bytes + kPiece - 1) / kPiece, 0);
+          if (!opt.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) return;
+          at = static_cast<char*>(keeps ? ring->push_first_streamed(f.bytes - kept) : ring->push_streamed(f.bytes));
+          if (at == nullptr) return;
+          f.at = at - kept;
+          f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
           ++streamed;
           fetches.push_back(std::move(f));
           stream_pieces(fetches.back());
@@ -806,11 +846,11 @@ struct Executor::Impl {
           advance();
           return;  // nothing goes after it until it is whole
         }
-        f.at = static_cast<char*>(ring->push(f.bytes));
-        if (f.at == nullptr) throw Error(path + ": internal: block " + std::to_string(b) + " does not fit the ring");
+        f.at = at - kept;
       }
       if (f.bytes > 0) {
-        f.ticket = reader->submit(offset(first), f.bytes, f.at, checks_for(first, bl));
+        f.ticket = reader->submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
+                                  f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl));
       } else {
         f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
       }
@@ -825,7 +865,7 @@ struct Executor::Impl {
     bool all = true;
     for (size_t i = 0; i < f.pieces.size(); ++i) {
       if (f.pieces[i] != 0) continue;
-      const std::uint64_t at = i * kPiece, len = std::min(kPiece, f.bytes - at);
+      const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
       if (!ring->range_free(f.at + at, len)) {
         all = false;
         continue;
@@ -870,9 +910,9 @@ struct Executor::Impl {
       n += u;
       return true;
     };
-    if (f.ticket && !one(f.ticket, f.bytes)) return false;
+    if (f.ticket && !one(f.ticket, f.bytes - f.skip)) return false;
     for (size_t i = 0; i < f.pieces.size(); ++i) {
-      if (!one(f.pieces[i], std::min(kPiece, f.bytes - i * kPiece))) return false;
+      if (!one(f.pieces[i], std::min(kPiece, f.bytes - f.skip - i * kPiece))) return false;
     }
     *out = n;
     return true;
@@ -911,7 +951,8 @@ struct Executor::Impl {
         throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(plan.blocks.size()) + ")");
       }
       mark_verified(f.first, f.last);
-      used_bytes += f.bytes;
+      used_bytes += f.bytes - f.skip;
+      if (b == plan.retain_block && !f.resident) retained_valid = true;
     }
     if (cuda && f.bytes > 0) {
       const bool managed = f.resident ? kept->kind() == MemoryKind::kManaged : ring->kind() == MemoryKind::kManaged;
@@ -1016,8 +1057,9 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.drop_pinned();
   const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
-    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing);
+    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes);
   }
+  m.retained_valid = false;
   m.kept_at.assign(p.blocks.size(), 0);
   m.kept_state.assign(p.blocks.size(), Executor::Impl::Kept::kNone);
   std::uint64_t kept_bytes = 0;
@@ -1162,12 +1204,13 @@ void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
   o.partition.clear();
   o.blocks = 0;
   o.resident.clear();
+  o.retain_block = -1;
   std::optional<ExecutionPlan> next;
   if (m.grid && bytes > m.grid_reserve) {
     const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
     if (part.feasible) {
       ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
-                                    effective_read_ahead(o), bytes);
+                                    effective_read_ahead(o), bytes, part.retain_block, part.retained_bytes);
       if (p.total() <= bytes) {
         p.min_budget = m.weights_min + m.info.activation_bytes;
         next = std::move(p);
@@ -1592,6 +1635,7 @@ bool Executor::shed(std::uint64_t budget) {
       }
     }
     m.ring->discard_except(keep);
+    m.retained_valid = false;  // the kept bytes went too, but for the running layer's
   }
   // Resident blocks: dropped (but the running layer's bytes, when it runs from one).
   if (m.kept) {
@@ -1668,9 +1712,9 @@ WeightMemory Executor::weight_memory() const {
   WeightMemory w;
   w.peak = m.weight_peak;
   if (m.released) return w;
-  w.held = m.shed_pending ? m.shed_held : (m.ring ? m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need;
+  w.held = m.shed_pending ? m.shed_held : (m.ring ? m.ring->kept() + m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need;
   if (!m.cuda) {
-    if (m.ring) w.resident_pages += resident_bytes_of(m.ring->base(), m.ring->capacity());
+    if (m.ring) w.resident_pages += resident_bytes_of(m.ring->kept_begin(), m.ring->kept() + m.ring->capacity());
     if (m.kept) w.resident_pages += resident_bytes_of(m.kept->base(), m.kept->capacity());
     w.resident_pages += resident_bytes_of(m.pinned_buf, m.pinned_need);
   }
@@ -1744,6 +1788,7 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
   o.partition.clear();
   o.blocks = 0;
   o.resident.clear();
+  o.retain_block = -1;
   curve.emplace_back(minimum, plan_for(m.info, m.sk, o, m.path).predicted_ms);
   for (std::size_t i = 0; i < table->size(); ++i) {
     const Partition& p = table->at(i);

@@ -110,12 +110,14 @@ const char* to_string(ReadAhead r) {
 }
 
 double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
-                   std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream) {
+                   std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream, int retain_block,
+                   std::uint64_t retained_bytes) {
   Prefix p(layers);
   struct Item {
     bool swapped;
     std::uint64_t bytes;
     double io, bind, ex, out;
+    bool first = false;  // the rest of a block kept in part: read into the ring's first bytes
   };
   std::vector<Item> items;
   size_t swapped = 0;
@@ -125,6 +127,11 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
       items.push_back(Item{false, 0, 0, 0, p.ex(i, j), 0});
     } else {
       items.push_back(Item{true, p.b(i, j), p.io(i, j, m), p.bind(i, j, m), p.ex(i, j), p.out(i, j, m)});
+      if (static_cast<int>(b) == retain_block && ring_depth == 0 && retained_bytes < items.back().bytes) {
+        items.back().bytes -= retained_bytes;
+        items.back().io -= m.alpha_ms_per_byte * static_cast<double>(retained_bytes);
+        items.back().first = true;
+      }
       ++swapped;
     }
   }
@@ -169,6 +176,14 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     if (bytes <= cap - head) return head;
     return bytes <= oldest ? 0 : cap;
   };
+  // The same for a block that must start at the ring's first byte.
+  auto place = [&](std::uint64_t bytes, bool first) -> std::uint64_t {
+    if (!first) return slot(bytes);
+    for (const Held& h : held) {
+      if (h.off < bytes) return cap;
+    }
+    return bytes <= cap ? 0 : cap;
+  };
   auto pop = [&](double* room) {
     const Held h = held.front();
     compute_through(h.g);
@@ -189,12 +204,13 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
                              (ring_depth > 0 && held.size() >= static_cast<size_t>(ring_depth)))) {
       pop(&room);
     }
-    if (stream && ring_depth == 0 && !held.empty() && slot(bytes) >= cap && bytes <= cap && bytes > kStreamPieceBytes) {
+    if (stream && ring_depth == 0 && !held.empty() && place(bytes, it.first) >= cap && bytes <= cap &&
+        bytes > kStreamPieceBytes) {
       // Streamed (Note [Streaming into the ring] in allocator/src/ring.cpp): blocks executed by
       // the time the reader gets here are gone; the rest free the block's pieces as they end.
       while (!held.empty() && (compute_through(held.front().g), finish[held.front().g] <= t_read)) pop(&room);
-      if (!held.empty() && slot(bytes) >= cap) {
-        const std::uint64_t off = wrapped && bytes <= cap - head ? head : 0;
+      if (!held.empty() && place(bytes, it.first) >= cap) {
+        const std::uint64_t off = !it.first && wrapped && bytes <= cap - head ? head : 0;
         std::vector<std::pair<double, std::uint64_t>> pieces;  // when its bytes are free, bytes
         size_t last = 0;  // held entries up to this one (FIFO) go before the block is whole
         for (std::uint64_t at = 0; at < bytes; at += kStreamPieceBytes) {
@@ -223,8 +239,9 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
         continue;
       }
     }
-    while (!held.empty() && slot(bytes) >= cap) pop(&room);
-    const std::uint64_t off = slot(bytes) < cap ? slot(bytes) : 0;  // a block larger than the ring: as if alone
+    while (!held.empty() && place(bytes, it.first) >= cap) pop(&room);
+    const std::uint64_t at = place(bytes, it.first);
+    const std::uint64_t off = at < cap ? at : 0;  // a block larger than the ring: as if alone
     held.push_back(Held{g, off, bytes});
     wrapped = ring_depth != 2 && held.size() > 1 && held.back().off <= held.front().off;
     read_done[g] = std::max(t_read, room) + it.io;
@@ -237,7 +254,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
 }
 
 bool prefer_two_ended(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p) {
-  if (p->ring_depth != 0 || p->ring_bytes == 0 || p->read_bytes == 0) return false;
+  if (p->ring_depth != 0 || p->ring_bytes == 0 || p->read_bytes == 0 || p->retain_block >= 0) return false;
   if (p->arena_bytes > p->ring_bytes) return false;  // two ends need a pair; the ring holds less
   Partition two = *p;
   two.ring_depth = 2;
@@ -258,15 +275,17 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
       part->resident_bytes += s;
       continue;
     }
-    part->read_bytes += s;
-    part->block_max = std::max(part->block_max, s);
+    const std::uint64_t kept = static_cast<int>(b) == part->retain_block ? std::min(part->retained_bytes, s) : 0;
+    part->read_bytes += s - kept;
+    part->block_max = std::max(part->block_max, s - kept);
     part->arena_bytes = std::max(part->arena_bytes, have_prev ? prev + s : s);
     prev = s;
     have_prev = true;
   }
   part->predicted_ms = part->ring_bytes == 0
                            ? predict_ms(layers, part->blocks, part->resident, m)
-                           : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m);
+                           : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m,
+                                         true, part->retain_block, part->retained_bytes);
 }
 
 double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte) {
@@ -384,6 +403,9 @@ std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t
       std::uint64_t forced = 0;
       for (const auto& l : layers) forced += l.bytes > A ? l.bytes : 0;
       if (A <= capacity && forced <= capacity - A) least = std::min(least, total - most_resident(A, capacity - A));
+      // One layer kept in part (Partition::retain_block) fills what whole layers leave: the
+      // ring holds the rest of it, so the layers above A fit when their sum does.
+      if (A <= capacity && forced <= capacity) least = std::min(least, total - (capacity - A));
       continue;
     }
     // dp[j]: fewest resident bytes in layers [0, j) with j swapped and every pair so far within A.
@@ -616,6 +638,43 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
   std::set<std::vector<char>> tried;
   // Every partition worth trying for one set of resident layers.
   const bool deep = options.read_ahead == ReadAhead::kRing;
+  // Note [Keeping part of a block]: the deep ring plan `c` (ring = room) with part of its
+  // largest swapped block kept, for a few ring sizes; the fastest (or, as fast, the one reading
+  // less) becomes *best.
+  const Prefix pre(layers);
+  auto keep_part = [&](const Partition& c, std::uint64_t room, Partition* best) {
+    constexpr std::uint64_t kPage = 4096;
+    int r = -1;
+    std::uint64_t largest = 0, other = 0;
+    for (size_t b = 0; b < c.blocks.size(); ++b) {
+      if (c.resident[b]) continue;
+      const std::uint64_t s = pre.b(c.blocks[b].first, c.blocks[b].second);
+      if (s > largest) {
+        other = std::max(other, largest);
+        largest = s;
+        r = static_cast<int>(b);
+      } else {
+        other = std::max(other, s);
+      }
+    }
+    // Worth it only where one block takes much of the ring (a few simulations per candidate).
+    if (r < 0 || largest > room || largest * 4 < room || largest < 2 * kStreamPieceBytes) return;
+    const std::uint64_t least = std::max<std::uint64_t>(other, kStreamPieceBytes);
+    for (std::uint64_t ring : {least, 2 * least, (room + least) / 2}) {
+      if (ring >= room) continue;
+      const std::uint64_t kept = std::min((room - ring) / kPage * kPage, (largest - kPage) / kPage * kPage);
+      if (kept == 0) continue;
+      Partition t = c;
+      t.retain_block = r;
+      t.retained_bytes = kept;
+      t.ring_bytes = room - kept;
+      evaluate(layers, m, &t);
+      t.feasible = true;
+      // A clear gain only: the plan changes shape (a smaller ring, often more blocks) for it.
+      const double fastest = best->feasible ? std::min(best->predicted_ms, c.predicted_ms) : c.predicted_ms;
+      if (t.predicted_ms < fastest * 0.97) *best = std::move(t);
+    }
+  };
   auto try_mask = [&](const std::vector<char>& mask) {
     std::uint64_t resident = 0;
     for (int k = 0; k < L; ++k) resident += mask[k] ? layers[k].bytes : 0;
@@ -646,6 +705,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       if ((c.ring_depth == 2 ? c.arena_bytes : c.block_max) > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;
       evaluate(layers, m, &c);
+      if (deep && options.residency) keep_part(c, room, &best);
       prefer_two_ended(layers, m, &c);
       c.feasible = true;
       if (!best.feasible || c.predicted_ms < best.predicted_ms - 1e-12) best = std::move(c);

@@ -106,8 +106,12 @@ class SWAPNET_API BlockRing {
   // Host memory (kHost, or kManaged without a usable GPU) and `deep`: a contiguous ring of
   // `capacity` bytes (rounded up to pages) holding as many blocks as fit (a block that does not
   // fit before the end goes to the start). Other kinds, or !deep: two blocks at the two ends of
-  // an Arena. Throws Error with the size and the reason when the memory cannot be had.
-  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool deep = true);
+  // an Arena. `kept` (deep rings only): that many bytes more, just before the ring's first byte,
+  // for the part of a block kept across inferences (Note [Keeping part of a block] in
+  // ring.cpp): kept_begin() .. base(); they count as used from the start. Throws Error with the
+  // size and the reason when the memory cannot be had.
+  static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool deep = true,
+                                           std::uint64_t kept = 0);
   ~BlockRing();
   BlockRing(const BlockRing&) = delete;
   BlockRing& operator=(const BlockRing&) = delete;
@@ -126,18 +130,26 @@ class SWAPNET_API BlockRing {
   // another block streams, or where the ring is not deep.
   void* push_streamed(std::uint64_t bytes);
   bool streaming() const;
+  // Deep rings: pushes a block at the ring's first byte (right after the kept bytes), or
+  // nullptr while any block holds some of [base(), base() + bytes). push_first_streamed: as
+  // push_streamed, at the first byte.
+  void* push_first(std::uint64_t bytes);
+  void* push_first_streamed(std::uint64_t bytes);
+  char* kept_begin() const;
+  std::uint64_t kept() const;
   // Whether no block older than the newest holds any of [p, p + bytes) (always, when none streams).
   bool range_free(const void* p, std::uint64_t bytes) const;
   void pop();    // releases the oldest block (swap-out: no write-back)
   void clear();  // releases every block
   std::size_t blocks() const;
-  std::uint64_t used() const;   // bytes of the blocks held (page-rounded)
+  std::uint64_t used() const;   // bytes of the blocks held (page-rounded), and the kept bytes
   // The memory blocks are placed in (capacity bytes), e.g. to register with the block reader;
   // device_address() is the GPU's address of a pushed block.
   char* base() const;
   char* device_address(void* p) const;
-  // Gives the physical pages of the whole ring back at once but for those under `keep` (ranges
-  // of pushed blocks, page-rounded outwards); what is given back reads as zeros afterwards.
+  // Gives the physical pages of the whole ring (and the kept bytes) back at once but for those
+  // under `keep` (ranges of pushed blocks or kept bytes, page-rounded outwards); what is given
+  // back reads as zeros afterwards.
   // The blocks stay pushed (their accounting too): for a ring about to be replaced. Host memory
   // only (managed memory: nothing).
   void discard_except(const std::vector<std::pair<const char*, std::uint64_t>>& keep);

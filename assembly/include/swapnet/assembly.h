@@ -208,6 +208,11 @@ struct ExecutorOptions {
   std::vector<int> partition;    // first layer of each block after the first; empty: by `blocks`
   int blocks = 0;                // equal-byte blocks; 0: planned as `planner` says
   std::vector<int> resident;     // with `partition` or `blocks`: indices of blocks kept resident
+  // With `partition` or `blocks` (kRing): keep the first `retained_bytes` of swapped block
+  // `retain_block` across inferences and read only the rest (Note [Keeping part of a block] in
+  // allocator/src/ring.cpp; the planner chooses this itself otherwise).
+  int retain_block = -1;
+  std::uint64_t retained_bytes = 0;
   // Checksums of fetched layers: the first fetch of each layer after open (default; a corrupt
   // image fails the first inference), every fetch, or never. Every fetch costs ~20 % of
   // latency when compute already uses every core (docs/executor.md).
@@ -255,6 +260,11 @@ struct ExecutionPlan {
   ReadAhead read_ahead = ReadAhead::kRing;  // the pipeline it runs (kTwoEnded: a two-block ring)
   std::uint64_t resident_bytes = 0;         // resident blocks
   std::uint64_t read_bytes = 0;             // read per inference: the swapped blocks
+  // The first retained_bytes of swapped block retain_block stay in memory across inferences,
+  // just before the ring; the rest of it is read each inference (Note [Keeping part of a
+  // block] in allocator/src/ring.cpp). -1: none (read_bytes counts only the rest).
+  int retain_block = -1;
+  std::uint64_t retained_bytes = 0;
   // No plan in this budget reads fewer bytes per inference (partitioner's min_read_bytes()):
   // filled by plan_execution(), 0 in an executor's plans (it takes milliseconds to seconds).
   std::uint64_t min_read_bytes = 0;
@@ -262,7 +272,9 @@ struct ExecutionPlan {
   std::uint64_t pinned_bytes = 0;           // slots read outside their (swapped) block, kept resident
   std::uint64_t min_budget = 0;             // smallest feasible budget for this image
   double predicted_ms = 0;                  // the cost model's latency for this plan
-  std::uint64_t total() const { return arena_bytes + resident_bytes + activation_bytes + pinned_bytes; }
+  std::uint64_t total() const {
+    return arena_bytes + resident_bytes + retained_bytes + activation_bytes + pinned_bytes;
+  }
   bool all_resident() const { return read_bytes == 0; }
 };
 

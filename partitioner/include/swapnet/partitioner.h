@@ -81,8 +81,15 @@ struct Partition {
   // room for a pair, the ring reads the next block once the previous one has run (no overlap
   // there), which lets a budget keep its largest layer resident (Note [A ring of one block]).
   std::uint64_t block_max = 0;
+  // Part of a large swapped block kept across inferences (deep ring only; Note [Keeping part
+  // of a block] in partitioner.cpp): the first `retained_bytes` of block `retain_block` stay
+  // in memory just before the ring, and each inference reads only the rest of it, into the
+  // ring's first bytes. read_bytes and block_max count that rest; memory() the kept part.
+  int retain_block = -1;
+  std::uint64_t retained_bytes = 0;
   std::uint64_t memory() const {
-    return std::max(ring_depth == 0 && ring_bytes > 0 ? block_max : arena_bytes, ring_bytes) + resident_bytes;
+    return std::max(ring_depth == 0 && ring_bytes > 0 ? block_max : arena_bytes, ring_bytes) + resident_bytes +
+           retained_bytes;
   }
 };
 
@@ -95,10 +102,13 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // depth 0 a block that does not fit yet streams in pieces of kStreamPieceBytes into the bytes
 // older blocks free as they end, as the executor reads it (Note [Streaming into the ring] in
 // allocator/src/ring.cpp); `stream` false: it waits for its whole room (read-ahead ring-whole).
+// `retain_block` >= 0 (depth 0): the first `retained_bytes` of that swapped block are kept, the
+// rest is read at the ring's start (Partition::retain_block).
 inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
-                               const CostModel& m, bool stream = true);
+                               const CostModel& m, bool stream = true, int retain_block = -1,
+                               std::uint64_t retained_bytes = 0);
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
@@ -109,7 +119,8 @@ SWAPNET_API bool prefer_two_ended(const std::vector<LayerCost>& layers, const Co
 // A lower bound on the bytes any partition fitting `capacity` reads per inference (a relaxation:
 // a ring at least as large as the largest swapped layer -- or, with `pairs`, each pair of
 // consecutive swapped layers, as the two-block pipelines need -- every other byte resident if
-// it fits).
+// it fits). Without `pairs` one layer may be kept in part (Partition::retain_block): the ring
+// then need hold only the rest of it.
 SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, std::uint64_t capacity,
                                          bool pairs = false);
 // A lower bound on the steady-state latency of back-to-back inferences that ANY schedule can
