@@ -58,12 +58,12 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
     Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
     EXPECT_TRUE(c.equal) << c.difference;
   }
-  EXPECT_LE(memory_stats().peak, p.arena_bytes + p.resident_bytes) << "never more than the arenas placed";
-  EXPECT_EQ(p.read_bytes + p.resident_bytes, info.data_size);
+  EXPECT_LE(memory_stats().peak, p.arena_bytes + p.resident_bytes + p.retained_bytes) << "never more than the arenas placed";
+  EXPECT_EQ(p.read_bytes + p.resident_bytes + p.retained_bytes, info.data_size);
   // Resident blocks read once, every swapped block once per inference; the ring may already
   // hold the next inference's first blocks.
-  EXPECT_GE(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes);
-  EXPECT_LE(ex->bytes_read(), p.resident_bytes + 2 * p.read_bytes + p.arena_bytes);
+  EXPECT_GE(ex->bytes_read(), p.resident_bytes + p.retained_bytes + 2 * p.read_bytes);
+  EXPECT_LE(ex->bytes_read(), p.resident_bytes + p.retained_bytes + 2 * p.read_bytes + p.arena_bytes);
 }
 
 // --device cuda: where the libtorch or the GPU is missing, open says which, naming the image;
@@ -107,8 +107,8 @@ TEST(Executor, ResidentBlocksAreReadOnceAndStayBitIdentical) {
     Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
     EXPECT_TRUE(c.equal) << c.difference;
   }
-  EXPECT_GE(ex->bytes_read(), p.resident_bytes + 3 * p.read_bytes);
-  EXPECT_LE(ex->bytes_read(), p.resident_bytes + 3 * p.read_bytes + p.arena_bytes) << "read ahead: one ring at most";
+  EXPECT_GE(ex->bytes_read(), p.resident_bytes + p.retained_bytes + 3 * p.read_bytes);
+  EXPECT_LE(ex->bytes_read(), p.resident_bytes + p.retained_bytes + 3 * p.read_bytes + p.arena_bytes) << "read ahead: one ring at most";
   o.resident = {7};
   EXPECT_NE(error_of([&] { Executor::open(pk.img, o); }).find("resident block 7 is not one of"), std::string::npos);
   ex.reset();  // memory_stats() is process-wide
@@ -128,7 +128,7 @@ TEST(Executor, ResidentBlocksAreReadOnceAndStayBitIdentical) {
     reset_memory_peak();
     Comparison c = compare_outputs(expected, auto_ex->forward({x.clone()}));
     EXPECT_TRUE(c.equal) << "budget " << b << ": " << c.difference;
-    EXPECT_LE(memory_stats().peak, auto_ex->plan().arena_bytes + auto_ex->plan().resident_bytes);
+    EXPECT_LE(memory_stats().peak, auto_ex->plan().arena_bytes + auto_ex->plan().resident_bytes + auto_ex->plan().retained_bytes);
   }
   auto_ex.reset();
   // With a budget grid built at open, set_budget is a lookup: same guarantees.
@@ -162,7 +162,7 @@ TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {
   EXPECT_LE(ex->plan().total(), small);
   reset_memory_peak();
   EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
-  EXPECT_LE(memory_stats().peak, ex->plan().arena_bytes + ex->plan().resident_bytes);
+  EXPECT_LE(memory_stats().peak, ex->plan().arena_bytes + ex->plan().resident_bytes + ex->plan().retained_bytes);
   EXPECT_THROW(ex->set_budget(1024), Error);
   EXPECT_LE(ex->plan().arena_bytes + ex->plan().activation_bytes, small) << "a refused budget keeps the old plan";
   ex->set_budget(info.data_size / 2 + min_budget(info));

@@ -144,7 +144,18 @@ def main() -> int:
         c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         c.settimeout(timeout)
         try:
-            c.connect(sock)
+            # A socket with a timeout connects non-blocking: a full backlog (a burst of idle
+            # clients the server has not accepted yet, on a loaded machine) answers EAGAIN at
+            # once, where `swapnet ctl`'s blocking connect waits. Wait as it does.
+            give_up = time.monotonic() + timeout
+            while True:
+                try:
+                    c.connect(sock)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > give_up:
+                        raise
+                    time.sleep(0.01)
             c.sendall(data)
             if close_early:
                 c.shutdown(socket.SHUT_WR)

@@ -292,7 +292,7 @@ ControlServer::ControlServer(BudgetTarget* runtime, const std::string& path) : i
   const int rc = ::bind(m.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
   const int err = errno;
   ::umask(old);
-  if (rc != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(m.fd, 64) != 0) {
+  if (rc != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(m.fd, SOMAXCONN) != 0) {
     const std::string why = std::strerror(rc != 0 ? err : errno);
     ::close(m.fd);
     throw Error(path + ": cannot listen: " + why);
