@@ -31,7 +31,7 @@ start_serve "$repo/scheduler/scenarios/self_driving.json" --duration $(( minutes
 pid=$serve_pid
 initial=$(serve_total)
 csv=$out/$name.csv
-echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads" > "$csv"
+echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads,tensor_bytes,arena_bytes,heap_in_use_bytes,heap_free_bytes,heap_mmap_bytes" > "$csv"
 levels=(1.0 0.8 0.65 0.9)
 start=$(date +%s)
 i=0
@@ -44,7 +44,10 @@ while [ $(( $(date +%s) - start )) -lt $(( minutes * 60 )) ]; do
   rss=$(awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status")
   threads=$(awk '/^Threads:/ {print $2}' "/proc/$pid/status")
   fds=$(ls "/proc/$pid/fd" | wc -l)
-  echo "$(( $(date +%s) - start )),$level,$total,$rss,$fds,$threads" >> "$csv"
+  # Where the memory is (serve's status): tensors, arenas, the C heap in use, free, mmapped.
+  mem=$("$cli" ctl --socket "$sock" status | /usr/bin/python3 -c 'import json,sys; m=json.load(sys.stdin).get("memory", {})
+print(",".join(str(m.get(k, "")) for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes")))')
+  echo "$(( $(date +%s) - start )),$level,$total,$rss,$fds,$threads,$mem" >> "$csv"
   i=$(( i + 1 ))
 done
 kill -INT "$pid"
@@ -85,6 +88,16 @@ for level in sorted({r["level"] for r in late}, key=float):
           f"{slope(pts) * 3600 / 1e6:+.1f} |")
 allp = [(float(r["t_s"]), float(r["rss_bytes"])) for r in late]
 print(f"| all | {len(late)} | | | | {slope(allp) * 3600 / 1e6:+.1f} |")
+# Where the RSS went: the same slopes for what the process says it holds (all levels).
+parts = [k for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes")
+         if late and late[0].get(k)]
+if parts:
+    print()
+    print("| memory | first MB | last MB | slope MB/hour |")
+    print("|---|---|---|---|")
+    for k in parts:
+        pts = [(float(r["t_s"]), float(r[k])) for r in late]
+        print(f"| {k[:-6]} | {pts[0][1] / 1e6:.0f} | {pts[-1][1] / 1e6:.0f} | {slope(pts) * 3600 / 1e6:+.1f} |")
 fds = [int(r["fds"]) for r in late]; th = [int(r["threads"]) for r in late]
 print()
 print(f"open files {min(fds)}..{max(fds)}, threads {min(th)}..{max(th)} (after the first {warmup_s / 60:.0f} min)")

@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -773,6 +774,17 @@ std::string Runtime::status_json() const {
     j["models"].push_back({{"name", s.name}, {"budget_bytes", s.budget}, {"paused", s.paused},
                            {"blocks", s.blocks}, {"requests", s.requests}});
   }
+  // Where the process's memory is (bench/soak.sh samples it, to tell a leak from an allocator
+  // keeping freed memory): tensors through libtorch's CPU allocator, swapnet's arenas, and
+  // the C heap as glibc counts it (in use, free but kept, and mmapped chunks).
+  nlohmann::json mem = {{"tensor_bytes", cpu_meter().current}, {"arena_bytes", memory_stats().current}};
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 mi = mallinfo2();
+  mem["heap_in_use_bytes"] = mi.uordblks;
+  mem["heap_free_bytes"] = mi.fordblks;
+  mem["heap_mmap_bytes"] = mi.hblkhd;
+#endif
+  j["memory"] = mem;
   return j.dump();
 }
 
