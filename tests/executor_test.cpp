@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "swapnet/assembly.h"
@@ -170,6 +172,43 @@ TEST(Executor, BudgetChangesTakeEffectWithoutReopening) {
   EXPECT_TRUE(grown.equal) << grown.difference << " max " << grown.max_abs_diff << " blocks " << ex->plan().blocks.size();
   EXPECT_GT(ex->bind_us_per_tensor(), 0);
   EXPECT_LT(ex->bind_us_per_tensor(), 50) << "binding by reference is microseconds, not the paper's 50 us";
+}
+
+// Note [Giving the C heap back]: memory freed to glibc (here every other one of 4096 64 KiB chunks,
+// below its mmap threshold, so that the freed ones cannot merge: a fragmented heap, as
+// activations leave it) is kept by glibc and counted in RSS, until a shrinking budget gives it
+// back.
+TEST(Executor, AShrinkingBudgetGivesTheFreedHeapBack) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  ExecutorOptions o;
+  o.budget = pk.info.data_size * 2;
+  auto ex = Executor::open(pk.img, o);
+  auto rss = [] {
+    long pages = 0, resident = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f == nullptr || std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    if (f) std::fclose(f);
+    return static_cast<std::uint64_t>(resident) * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  };
+  const std::uint64_t small = std::max(pk.info.data_size / 4, min_budget(pk.info));
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  ex->set_budget(small);  // the small plan's own memory, once, before measuring
+  ex->forward({x.clone()});
+  ex->set_budget(pk.info.data_size * 2);
+  std::vector<void*> chunks;
+  for (int i = 0; i < 4096; ++i) {
+    chunks.push_back(std::malloc(64 << 10));
+    ASSERT_NE(chunks.back(), nullptr);
+    std::memset(chunks.back(), 1, 64 << 10);
+  }
+  const std::uint64_t full = rss();
+  for (size_t i = 0; i < chunks.size(); i += 2) std::free(chunks[i]);  // every other: no merging
+  const std::uint64_t kept = rss();
+  EXPECT_GT(kept + (32u << 20), full) << "glibc keeps what was freed: " << full << " -> " << kept;
+  ex->set_budget(small);
+  const std::uint64_t shrunk = rss();
+  EXPECT_LT(shrunk + (64u << 20), kept) << "shrinking gives the freed 128 MiB back: " << kept << " -> " << shrunk;
+  for (size_t i = 1; i < chunks.size(); i += 2) std::free(chunks[i]);
 }
 
 TEST(Executor, SharedWeightsArePinnedAcrossBlocks) {
