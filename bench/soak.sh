@@ -98,6 +98,19 @@ if parts:
     for k in parts:
         pts = [(float(r["t_s"]), float(r[k])) for r in late]
         print(f"| {k[:-6]} | {pts[0][1] / 1e6:.0f} | {pts[-1][1] / 1e6:.0f} | {slope(pts) * 3600 / 1e6:+.1f} |")
+# Per level, mean RSS in three windows: after the warm-up, the middle, the last 10 min (a level
+# mean is steadier than a slope over a few points).
+end = float(rows[-1]["t_s"])
+wins = [(warmup_s, warmup_s + 600), (warmup_s + 600, max(warmup_s + 600, end - 600)), (end - 600, end + 1)]
+print()
+print("| level | RSS mean MB: first 10 min after warm-up | middle | last 10 min |")
+print("|---|---|---|---|")
+for level in sorted({r["level"] for r in late}, key=float):
+    cells = []
+    for lo, hi in wins:
+        ys = [float(r["rss_bytes"]) / 1e6 for r in late if r["level"] == level and lo <= float(r["t_s"]) < hi]
+        cells.append(f"{sum(ys) / len(ys):.0f}" if ys else "-")
+    print(f"| {level} | " + " | ".join(cells) + " |")
 fds = [int(r["fds"]) for r in late]; th = [int(r["threads"]) for r in late]
 print()
 print(f"open files {min(fds)}..{max(fds)}, threads {min(th)}..{max(th)} (after the first {warmup_s / 60:.0f} min)")
