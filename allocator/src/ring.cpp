@@ -97,7 +97,7 @@ struct BlockRing::Impl {
   ~Impl() {
     if (deep) account_memory(-static_cast<std::int64_t>(used + kept));  // a two-ended arena accounts its own
   }
-  // Bytes of [0, bytes) that any block holds.
+  // Whether any block holds some of [0, bytes).
   bool start_held(std::uint64_t bytes) const {
     for (const Entry& e : fifo) {
       if (e.offset < bytes) return true;
