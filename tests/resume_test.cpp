@@ -27,6 +27,19 @@ using test_util::packed;
 using test_util::Packed;
 using test_util::reference;
 
+// A model packed for 64x64 inputs, a random input drawn after seeding, and the in-memory output.
+struct Reference {
+  Packed pk;
+  at::Tensor x;
+  c10::IValue expected;
+};
+Reference reference_case(const char* model, int seed) {
+  Reference r{packed(model, {1, 3, 64, 64}), {}, {}};
+  torch::manual_seed(seed);
+  r.x = torch::randn({1, 3, 64, 64});
+  r.expected = reference(r.pk.m, r.x);
+  return r;
+}
 
 struct Case {
   const char* model;
@@ -40,11 +53,11 @@ class Resume : public ::testing::TestWithParam<Case> {};
 // to random budgets between the minimum and more than the model.
 TEST_P(Resume, BudgetChangesAtAnyLayerAreBitIdenticalAndWithinTheNewBudget) {
   const Case c = GetParam();
-  Packed pk = packed(c.model, {1, 3, 64, 64});
+  const Reference ref = reference_case(c.model, 3);
+  const Packed& pk = ref.pk;
   const ImageInfo& info = pk.info;
-  torch::manual_seed(3);
-  at::Tensor x = torch::randn({1, 3, 64, 64});
-  const c10::IValue expected = reference(pk.m, x);
+  const at::Tensor& x = ref.x;
+  const c10::IValue& expected = ref.expected;
   ExecutorOptions o;
   o.read_ahead = c.read_ahead;
   // The ring's minimum (the largest layer) is below the two-block pipeline's (a pair).
@@ -117,11 +130,11 @@ INSTANTIATE_TEST_SUITE_P(Models, Resume,
 // reading exactly the plan's bytes once the kept part is in (whole again when every fetch is
 // verified). A budget change in the middle of an inference moves off and back onto such a plan.
 TEST(KeepPart, TheRestOfALargeLayerIsReadEachInferenceBitIdentically) {
-  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const Reference ref = reference_case("resnet18", 5);
+  const Packed& pk = ref.pk;
   const ImageInfo& info = pk.info;
-  torch::manual_seed(5);
-  at::Tensor x = torch::randn({1, 3, 64, 64});
-  const c10::IValue expected = reference(pk.m, x);
+  const at::Tensor& x = ref.x;
+  const c10::IValue& expected = ref.expected;
   int big = 0;
   for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) {
     if (info.layers[k].size > info.layers[big].size) big = k;
@@ -181,11 +194,11 @@ TEST(KeepPart, TheRestOfALargeLayerIsReadEachInferenceBitIdentically) {
 // with it, and the inference, moved to the new plan at the next layer boundary, stays
 // bit-identical.
 TEST(ResumeShed, ShedWhileALayerRunsGivesMemoryBackAtOnce) {
-  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const Reference ref = reference_case("resnet18", 5);
+  const Packed& pk = ref.pk;
   const ImageInfo& info = pk.info;
-  torch::manual_seed(5);
-  at::Tensor x = torch::randn({1, 3, 64, 64});
-  const c10::IValue expected = reference(pk.m, x);
+  const at::Tensor& x = ref.x;
+  const c10::IValue& expected = ref.expected;
   const std::uint64_t lo = min_budget(info), hi = info.data_size + info.data_size / 4;
   ExecutorOptions o;
   o.budget = hi;

@@ -93,6 +93,8 @@ struct BlockRing::Impl {
   // streamed newest block may start where the oldest does).
   void set_wrapped() { wrapped = fifo.size() > 1 && fifo.back().offset <= fifo.front().offset; }
   void* push_over(std::uint64_t offset, std::uint64_t bytes);
+  // Whether a block of `bytes` (page-rounded) may be pushed over older ones: deep, none streaming.
+  bool may_stream(std::uint64_t bytes) const { return deep && overlap == 0 && bytes > 0 && bytes <= capacity; }
 
   ~Impl() {
     if (deep) account_memory(-static_cast<std::int64_t>(used + kept));  // a two-ended arena accounts its own
@@ -185,7 +187,7 @@ void* BlockRing::push(std::uint64_t bytes) {
 void* BlockRing::push_first(std::uint64_t bytes) {
   Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0 || m.start_held(bytes)) return nullptr;
+  if (!m.may_stream(bytes) || m.start_held(bytes)) return nullptr;
   m.fifo.push_back(Impl::Entry{0, bytes});
   m.used += bytes;
   m.head = bytes;
@@ -196,16 +198,14 @@ void* BlockRing::push_first(std::uint64_t bytes) {
 
 void* BlockRing::push_first_streamed(std::uint64_t bytes) {
   if (void* p = push_first(bytes)) return p;
-  Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0) return nullptr;
-  return m.push_over(0, bytes);
+  return impl_->may_stream(bytes) ? impl_->push_over(0, bytes) : nullptr;
 }
 
 void* BlockRing::push_streamed(std::uint64_t bytes) {
   Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (!m.deep || m.overlap > 0 || bytes > m.capacity || bytes == 0) return nullptr;
+  if (!m.may_stream(bytes)) return nullptr;
   if (m.fifo.empty() || m.slot(bytes) < m.capacity) return push(bytes);
   // After the newest block when the ring has wrapped and it fits before the end (the bytes it
   // waits for are then the oldest blocks'), else from the start.

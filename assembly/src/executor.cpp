@@ -297,6 +297,11 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
                           const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
                           std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0) {
   ExecutionPlan p;
+  for (const auto& [first, last] : blocks) {
+    std::uint64_t bytes = 0;
+    for (int k = first; k <= last; ++k) bytes += info.layers[k].size;
+    p.block_bytes.push_back(bytes);
+  }
   Partition part;
   part.blocks = blocks;
   part.resident = resident;
@@ -305,8 +310,7 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   // whole pages, and never all of it.
   if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
       !resident[retain_block]) {
-    std::uint64_t bytes = 0;
-    for (int k = blocks[retain_block].first; k <= blocks[retain_block].second; ++k) bytes += info.layers[k].size;
+    const std::uint64_t bytes = p.block_bytes[retain_block];
     retained = std::min(retained / kImageAlign * kImageAlign, bytes > kImageAlign ? bytes - kImageAlign : 0);
     if (retained > 0) {
       part.retain_block = retain_block;
@@ -316,11 +320,6 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   evaluate(costs, m, &part);
   p.blocks = std::move(blocks);
   p.resident = std::move(resident);
-  for (const auto& [first, last] : p.blocks) {
-    std::uint64_t bytes = 0;
-    for (int k = first; k <= last; ++k) bytes += info.layers[k].size;
-    p.block_bytes.push_back(bytes);
-  }
   p.read_ahead = ra;
   p.pair_bytes = part.arena_bytes;
   p.resident_bytes = part.resident_bytes;
