@@ -31,7 +31,7 @@ start_serve "$repo/scheduler/scenarios/self_driving.json" --duration $(( minutes
 pid=$serve_pid
 initial=$(serve_total)
 csv=$out/$name.csv
-echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads,tensor_bytes,arena_bytes,heap_in_use_bytes,heap_free_bytes,heap_mmap_bytes" > "$csv"
+echo "t_s,level,total_budget_bytes,rss_bytes,fds,threads,tensor_bytes,arena_bytes,heap_in_use_bytes,heap_free_bytes,heap_mmap_bytes,activation_cache_bytes,activation_cache_live_bytes,activation_cache_hits,activation_cache_misses,rss_anon_bytes,rss_file_bytes" > "$csv"
 levels=(1.0 0.8 0.65 0.9)
 start=$(date +%s)
 i=0
@@ -44,10 +44,13 @@ while [ $(( $(date +%s) - start )) -lt $(( minutes * 60 )) ]; do
   rss=$(awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status")
   threads=$(awk '/^Threads:/ {print $2}' "/proc/$pid/status")
   fds=$(ls "/proc/$pid/fd" | wc -l)
-  # Where the memory is (serve's status): tensors, arenas, the C heap in use, free, mmapped.
+  rss_kinds=$(awk '/^RssAnon:/ {a = $2 * 1024} /^RssFile:/ {f = $2 * 1024} END {print a "," f}' "/proc/$pid/status")
+  # Where the memory is (serve's status): tensors, arenas, the C heap in use, free, mmapped, the
+  # activation regions (Note [Activation cache]); and anonymous vs file-backed RSS.
   mem=$("$cli" ctl --socket "$sock" status | /usr/bin/python3 -c 'import json,sys; m=json.load(sys.stdin).get("memory", {})
-print(",".join(str(m.get(k, "")) for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes")))')
-  echo "$(( $(date +%s) - start )),$level,$total,$rss,$fds,$threads,$mem" >> "$csv"
+print(",".join(str(m.get(k, "")) for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes",
+  "activation_cache_bytes", "activation_cache_live_bytes", "activation_cache_hits", "activation_cache_misses")))')
+  echo "$(( $(date +%s) - start )),$level,$total,$rss,$fds,$threads,$mem,$rss_kinds" >> "$csv"
   i=$(( i + 1 ))
 done
 kill -INT "$pid"
@@ -89,7 +92,8 @@ for level in sorted({r["level"] for r in late}, key=float):
 allp = [(float(r["t_s"]), float(r["rss_bytes"])) for r in late]
 print(f"| all | {len(late)} | | | | {slope(allp) * 3600 / 1e6:+.1f} |")
 # Where the RSS went: the same slopes for what the process says it holds (all levels).
-parts = [k for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes")
+parts = [k for k in ("tensor_bytes", "arena_bytes", "heap_in_use_bytes", "heap_free_bytes", "heap_mmap_bytes",
+                    "activation_cache_bytes", "activation_cache_live_bytes", "rss_anon_bytes", "rss_file_bytes")
          if late and late[0].get(k)]
 if parts:
     print()
@@ -111,6 +115,11 @@ for level in sorted({r["level"] for r in late}, key=float):
         ys = [float(r["rss_bytes"]) / 1e6 for r in late if r["level"] == level and lo <= float(r["t_s"]) < hi]
         cells.append(f"{sum(ys) / len(ys):.0f}" if ys else "-")
     print(f"| {level} | " + " | ".join(cells) + " |")
+if late and late[0].get("activation_cache_hits"):
+    h = [int(r["activation_cache_hits"]) for r in late]; ms = [int(r["activation_cache_misses"]) for r in late]
+    print()
+    print(f"activation regions: {h[-1] - h[0]} allocations placed, {ms[-1] - ms[0]} not placed (libtorch's allocator) "
+          f"after the first {warmup_s / 60:.0f} min")
 fds = [int(r["fds"]) for r in late]; th = [int(r["threads"]) for r in late]
 print()
 print(f"open files {min(fds)}..{max(fds)}, threads {min(th)}..{max(th)} (after the first {warmup_s / 60:.0f} min)")

@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 #include <unistd.h>
 
@@ -505,6 +508,102 @@ TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   auto ex = Executor::open(img, o);
   std::string e = error_of([&] { ex->forward({torch::randn({1, 3, 64, 64})}); });
   EXPECT_NE(e.find("checksum mismatch in layer 10 (" + info.layers[10].name + ")"), std::string::npos) << e;
+}
+
+
+// Note [Activation cache]: an account with a cache places its large allocations in one region,
+// reusing the same bytes once freed (also when freed on another thread), never past the cap; a
+// new cap starts a new region, the old one counted until its last tensor goes.
+TEST(ActivationCache, PlacesLargeAllocationsInOneRegionWithinItsCap) {
+  install_cpu_meter();
+  const int account = new_cpu_account();
+  ASSERT_GT(account, 0);
+  const int before = set_thread_cpu_account(account);
+  const std::uint64_t cap = 64ull << 20;
+  set_cpu_account_cache(account, cap);
+  auto four_mib = [] { return at::empty({1 << 20}, at::kFloat); };
+  std::vector<const void*> first;
+  {
+    std::vector<at::Tensor> t;
+    for (int i = 0; i < 3; ++i) t.push_back(four_mib());
+    for (const auto& x : t) first.push_back(x.data_ptr());
+    EXPECT_GE(cpu_account_cache(account).live_bytes, 3 * (4ull << 20));
+  }
+  ActivationCacheStats s = cpu_account_cache(account);
+  EXPECT_EQ(s.hits, 3u);
+  EXPECT_EQ(s.misses, 0u);
+  EXPECT_EQ(s.live_bytes, 0u);
+  EXPECT_EQ(s.mapped_bytes, cap);
+  {
+    std::vector<at::Tensor> t;
+    for (int i = 0; i < 3; ++i) t.push_back(four_mib());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(t[i].data_ptr(), first[i]) << "the freed bytes are placed again";
+  }
+  // Small allocations stay with libtorch's allocator.
+  { at::Tensor small = at::empty({256}, at::kFloat); }
+  s = cpu_account_cache(account);
+  EXPECT_EQ(s.hits + s.misses, 6u);
+  // More in use than the cap: the rest goes to libtorch's allocator.
+  {
+    std::vector<at::Tensor> t;
+    for (int i = 0; i < 24; ++i) t.push_back(four_mib());
+    s = cpu_account_cache(account);
+    EXPECT_LE(s.live_bytes, cap);
+    EXPECT_EQ(s.hits, 6u + 15u);
+    EXPECT_EQ(s.misses, 9u);
+  }
+  EXPECT_EQ(cpu_account_cache(account).live_bytes, 0u);
+  // A tensor freed on another thread goes back to its region.
+  at::Tensor moved = four_mib();
+  EXPECT_GT(cpu_account_cache(account).live_bytes, 0u);
+  std::thread([t = std::move(moved)]() mutable { t = at::Tensor(); }).join();
+  EXPECT_EQ(cpu_account_cache(account).live_bytes, 0u);
+  // A new cap while a tensor is in use: a new region; the old one counted until it is freed.
+  at::Tensor held = four_mib();
+  set_cpu_account_cache(account, cap / 2);
+  s = cpu_account_cache(account);
+  EXPECT_EQ(s.cap, cap / 2);
+  EXPECT_GE(s.live_bytes, 4ull << 20);
+  EXPECT_EQ(s.mapped_bytes, 0u);
+  held = at::Tensor();
+  EXPECT_EQ(cpu_account_cache(account).live_bytes, 0u);
+  set_cpu_account_cache(account, 0);
+  const std::uint64_t hits = cpu_account_cache(account).hits;
+  { at::Tensor after = four_mib(); }
+  EXPECT_EQ(cpu_account_cache(account).hits, hits) << "no cache: libtorch's allocator";
+  EXPECT_EQ(cpu_account_cache(account).cap, 0u);
+  set_thread_cpu_account(before);
+}
+
+// A model run with a region of its activation reserve places every large activation in it,
+// every inference (the same pages, touched once: what keeps a serving process's RSS flat),
+// bit-identically.
+TEST(ActivationCache, EveryInferenceOfAModelFitsItsReserve) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  ExecutorOptions o;
+  o.budget = pk.info.data_size / 2;
+  auto ex = Executor::open(pk.img, o);
+  torch::manual_seed(4);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  const int account = new_cpu_account();
+  ASSERT_GT(account, 0);
+  const int before = set_thread_cpu_account(account);
+  set_cpu_account_cache(account, ex->plan().activation_bytes);
+  std::uint64_t hits = 0;
+  for (int i = 0; i < 4; ++i) {
+    Comparison c = compare_outputs(expected, ex->forward({x}));
+    ASSERT_TRUE(c.equal) << i << ": " << c.difference;
+    const ActivationCacheStats s = cpu_account_cache(account);
+    EXPECT_EQ(s.misses, 0u) << "inference " << i << ": an activation the reserve could not place";
+    EXPECT_GT(s.hits, hits) << i;
+    if (i == 1) EXPECT_EQ(s.hits, 2 * hits) << "the same allocations every inference";
+    if (i == 0) hits = s.hits;
+    EXPECT_EQ(s.live_bytes, 0u) << i;
+  }
+  set_cpu_account_cache(account, 0);
+  set_thread_cpu_account(before);
 }
 
 }  // namespace

@@ -35,8 +35,6 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 
 #include <malloc.h>
 #include <sys/mman.h>
@@ -52,177 +50,13 @@
 #include <set>
 #include <thread>
 
+#include "cpu_meter.h"
 #include "swapnet/assembly.h"
 
 namespace swapnet {
-// ---- CPU meter --------------------------------------------------------------------------
-
-namespace {
-
-std::atomic<std::uint64_t> g_cpu_current{0};
-std::atomic<std::uint64_t> g_cpu_peak{0};
-
-// Accounts (new_cpu_account): per-account counters, never freed, so a tensor that outlives
-// whoever charged it still finds its account when it is freed. Account 0 is "none".
-struct Account {
-  std::atomic<std::uint64_t> current{0};
-  std::atomic<std::uint64_t> peak{0};
-  // An allocation that would take `current` past a nonzero limit is refused (the allocator
-  // throws, as when out of memory) and `refused` set: an inference measuring the activations of
-  // a new input (Note [Dynamic shapes]) never runs past the budget.
-  std::atomic<std::uint64_t> limit{0};
-  std::atomic<bool> refused{false};
-};
-constexpr int kMaxAccounts = 256;
-Account g_accounts[kMaxAccounts];
-std::atomic<int> g_next_account{1};
-thread_local int t_account = 0;
-
-void raise_peak(std::atomic<std::uint64_t>& peak, std::uint64_t now) {
-  std::uint64_t p = peak.load();
-  while (now > p && !peak.compare_exchange_weak(p, now)) {
-  }
-}
-
-// Each allocation carries its size and account in a 64-byte header (which keeps the 64-byte
-// alignment libtorch expects), so the raw deleter (used by oneDNN through raw_allocate) can
-// count frees, on whichever thread they happen.
-constexpr std::size_t kHeader = 64;  // bytes
-
-void meter_free(void* data) {
-  if (data == nullptr) return;
-  char* base = static_cast<char*>(data) - kHeader;
-  std::size_t bytes = 0;
-  std::int32_t account = 0;
-  std::memcpy(&bytes, base, sizeof bytes);
-  std::memcpy(&account, base + sizeof bytes, sizeof account);
-  g_cpu_current.fetch_sub(bytes);
-  if (account > 0) g_accounts[account].current.fetch_sub(bytes);
-  c10::free_cpu(base);
-}
-
-class MeterAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(std::size_t n) const override {
-    if (n == 0) return c10::DataPtr(nullptr, nullptr, &meter_free, c10::Device(c10::DeviceType::CPU));
-    const std::int32_t account = t_account;
-    if (account > 0) {
-      Account& a = g_accounts[account];
-      const std::uint64_t now = a.current.fetch_add(n) + n;
-      const std::uint64_t limit = a.limit.load();
-      if (limit > 0 && now > limit) {
-        a.current.fetch_sub(n);
-        a.refused.store(true);
-        TORCH_CHECK(false, "swapnet: an allocation of ", n, " bytes would take this inference's activations to ", now,
-                    " bytes, past the ", limit, " its budget leaves them");
-      }
-      raise_peak(a.peak, now);
-    }
-    char* base = nullptr;
-    try {
-      base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
-    } catch (...) {
-      if (account > 0) g_accounts[account].current.fetch_sub(n);
-      throw;
-    }
-    std::memcpy(base, &n, sizeof n);
-    std::memcpy(base + sizeof n, &account, sizeof account);
-    raise_peak(g_cpu_peak, g_cpu_current.fetch_add(n) + n);
-    void* data = base + kHeader;
-    return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &meter_free; }
-};
-
-}  // namespace
-
-void install_cpu_meter() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static MeterAllocator meter;
-    c10::SetCPUAllocator(&meter, /*priority=*/1);
-  });
-}
-
-CpuMeterStats cpu_meter() { return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load()}; }
-void reset_cpu_meter_peak() { g_cpu_peak.store(g_cpu_current.load()); }
-
-int new_cpu_account() {
-  int a = g_next_account.fetch_add(1);
-  if (a >= kMaxAccounts) {
-    g_next_account.store(kMaxAccounts);
-    return 0;
-  }
-  return a;
-}
-int set_thread_cpu_account(int account) {
-  const int before = t_account;
-  t_account = account > 0 && account < kMaxAccounts ? account : 0;
-  return before;
-}
-CpuMeterStats cpu_account(int account) {
-  if (account <= 0 || account >= kMaxAccounts) return {};
-  return CpuMeterStats{g_accounts[account].current.load(), g_accounts[account].peak.load()};
-}
-void reset_cpu_account_peak(int account) {
-  if (account <= 0 || account >= kMaxAccounts) return;
-  g_accounts[account].peak.store(g_accounts[account].current.load());
-}
-
-namespace {
-// The limit of an account (0: none) and whether it refused an allocation since it was set.
-void set_cpu_account_limit(int account, std::uint64_t limit) {
-  if (account <= 0 || account >= kMaxAccounts) return;
-  g_accounts[account].refused.store(false);
-  g_accounts[account].limit.store(limit);
-}
-bool cpu_account_refused(int account) {
-  return account > 0 && account < kMaxAccounts && g_accounts[account].refused.load();
-}
-// Charges the calling thread's allocations to `account` while in scope (0: leaves it as is).
-class AccountScope {
- public:
-  explicit AccountScope(int account) : on_(account > 0 && account != t_account), before_(t_account) {
-    if (on_) t_account = account;
-  }
-  ~AccountScope() {
-    if (on_) t_account = before_;
-  }
-  AccountScope(const AccountScope&) = delete;
-  AccountScope& operator=(const AccountScope&) = delete;
-
- private:
-  bool on_;
-  int before_;
-};
-}  // namespace
-
-std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
-                                       std::vector<std::uint64_t>* layer_peaks) {
-  install_cpu_meter();
-  reset_cpu_meter_peak();
-  const std::uint64_t base = cpu_meter().current;
-  std::vector<c10::IValue> copies;
-  for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
-  // Held to the end, as a caller holds the inputs it passes (the run would free them once used,
-  // and the reserve then fell short by the input's bytes).
-  const std::vector<c10::IValue> held = copies;
-  Skeleton::Run run = sk.begin(std::move(copies));
-  std::uint64_t peak = cpu_meter().peak;
-  const int L = static_cast<int>(sk.layers().size());
-  if (layer_peaks) layer_peaks->assign(L, 0);
-  for (int k = 0; k < L; ++k) {
-    reset_cpu_meter_peak();
-    sk.run_layer(run);
-    const std::uint64_t p = cpu_meter().peak;
-    peak = std::max(peak, p);
-    if (layer_peaks) (*layer_peaks)[k] = p > base ? p - base : 0;
-  }
-  reset_cpu_meter_peak();
-  sk.finish(run);
-  peak = std::max(peak, cpu_meter().peak);
-  return peak > base ? peak - base : 0;
-}
+using detail::AccountScope;
+using detail::cpu_account_refused;
+using detail::set_cpu_account_limit;
 
 // ---- planning -------------------------------------------------------------------------------
 
@@ -1321,7 +1155,7 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
                 "), and the input alone is " + format_bytes(input_bytes));
   }
   install_cpu_meter();
-  int account = t_account;
+  int account = detail::thread_cpu_account();
   if (account == 0) {
     if (m.own_account == 0) m.own_account = new_cpu_account();
     account = m.own_account;

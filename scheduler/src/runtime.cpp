@@ -185,6 +185,7 @@ struct Runtime::Impl {
       if (!shed || x.st.budget_changes != o.moves || x.moving || target[o.model] != o.to) continue;  // moved meanwhile
       x.shed = true;
       x.shed_target = o.to;
+      if (o.to == 0) keep_activations(x, false);
       note_if_settled();
       cv.notify_all();
     }
@@ -342,6 +343,11 @@ struct Runtime::Impl {
     }
     if (a.plans_ms < 0 && settled()) a.plans_ms = ms_between(notified, Clock::now());
   }
+  // The model's activation cache (Note [Activation cache]): its reserve while it runs, none
+  // while paused.
+  static void keep_activations(Worker& x, bool running) {
+    set_cpu_account_cache(x.account, running ? x.exec->plan().activation_bytes : 0);
+  }
   void record_plan(Worker& x) {
     const ExecutionPlan& p = x.exec->plan();
     x.st.blocks = static_cast<int>(p.blocks.size());
@@ -372,6 +378,7 @@ struct Runtime::Impl {
     }
     x.exec->reset_weight_peak();
     reset_cpu_account_peak(x.account);
+    keep_activations(x, failure.empty() && b > 0);
     lk.lock();
     x.moving = false;
     x.shed = false;
@@ -467,6 +474,8 @@ struct Runtime::Impl {
     lk.lock();
     budget = x.budget;
     if (ok && held + act > budget) over = held + act;
+    // A new input's activations, once measured, may have raised the reserve (Note [Dynamic shapes]).
+    if (ok && budget > 0 && !x.shed) keep_activations(x, true);
     if (r.deadline != Clock::time_point{}) {
       ++x.st.deadline_requests;
       x.st.deadline_met += ok && met ? 1 : 0;
@@ -565,6 +574,7 @@ Runtime::~Runtime() {
   if (impl_->shedder.joinable()) impl_->shedder.join();
   for (auto& x : impl_->w) {
     if (x->thread.joinable()) x->thread.join();
+    Impl::keep_activations(*x, false);
   }
 }
 
@@ -650,6 +660,7 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     x.exec->set_budget(m.target[i]);
     x.exec->reset_weight_peak();
     x.budget = x.st.budget = m.target[i];
+    Impl::keep_activations(x, x.budget > 0);
     m.record_plan(x);
   }
   log(LogLevel::kInfo, "runtime: " + a.note);
@@ -777,7 +788,13 @@ std::string Runtime::status_json() const {
   // Where the process's memory is (bench/soak.sh samples it, to tell a leak from an allocator
   // keeping freed memory): tensors through libtorch's CPU allocator, swapnet's arenas, and
   // the C heap as glibc counts it (in use, free but kept, and mmapped chunks).
-  nlohmann::json mem = {{"tensor_bytes", cpu_meter().current}, {"arena_bytes", memory_stats().current}};
+  const ActivationCacheStats cache = cpu_account_cache(0);
+  nlohmann::json mem = {{"tensor_bytes", cpu_meter().current},
+                        {"arena_bytes", memory_stats().current},
+                        {"activation_cache_bytes", cache.mapped_bytes},
+                        {"activation_cache_live_bytes", cache.live_bytes},
+                        {"activation_cache_hits", cache.hits},
+                        {"activation_cache_misses", cache.misses}};
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
   const struct mallinfo2 mi = mallinfo2();
   mem["heap_in_use_bytes"] = mi.uordblks;

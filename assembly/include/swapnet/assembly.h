@@ -180,6 +180,19 @@ SWAPNET_API int new_cpu_account();
 SWAPNET_API int set_thread_cpu_account(int account);  // returns the thread's previous account
 SWAPNET_API CpuMeterStats cpu_account(int account);
 SWAPNET_API void reset_cpu_account_peak(int account);
+// The activation cache of an account (Note [Activation cache] in assembly/src/cpu_meter.cpp):
+// with a nonzero cap, the account's large allocations are placed in one region of that many
+// bytes (a model's activation reserve), reused across inferences; 0 (the default) turns it off
+// and unmaps the region once nothing is placed in it. The stats of account 0 sum all accounts.
+struct ActivationCacheStats {
+  std::uint64_t cap = 0;           // the region's size
+  std::uint64_t mapped_bytes = 0;  // the region once used (its pages touched at most)
+  std::uint64_t live_bytes = 0;    // placed and in use (old regions' included)
+  std::uint64_t hits = 0;          // allocations placed in a region
+  std::uint64_t misses = 0;        // allocations the region could not place (libtorch's allocator)
+};
+SWAPNET_API void set_cpu_account_cache(int account, std::uint64_t cap);
+SWAPNET_API ActivationCacheStats cpu_account_cache(int account);
 // Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included, held
 // to the end as a caller holds its inputs), as `swapnet run` accounts activations; installs the
 // meter. What PackOptions::activation_bytes
