@@ -786,8 +786,9 @@ std::string Runtime::status_json() const {
                            {"blocks", s.blocks}, {"requests", s.requests}});
   }
   // Where the process's memory is (bench/soak.sh samples it, to tell a leak from an allocator
-  // keeping freed memory): tensors through libtorch's CPU allocator, swapnet's arenas, and
-  // the C heap as glibc counts it (in use, free but kept, and mmapped chunks).
+  // keeping freed memory): tensors through libtorch's CPU allocator, swapnet's arenas, the
+  // models' activation regions (Note [Activation cache]: mapped, in use, allocations placed and
+  // not placed), and the C heap as glibc counts it (in use, free but kept, and mmapped chunks).
   const ActivationCacheStats cache = cpu_account_cache(0);
   nlohmann::json mem = {{"tensor_bytes", cpu_meter().current},
                         {"arena_bytes", memory_stats().current},
