@@ -302,31 +302,4 @@ AccountScope::~AccountScope() {
 }
 }  // namespace detail
 
-std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
-                                       std::vector<std::uint64_t>* layer_peaks) {
-  install_cpu_meter();
-  reset_cpu_meter_peak();
-  const std::uint64_t base = cpu_meter().current;
-  std::vector<c10::IValue> copies;
-  for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
-  // Held to the end, as a caller holds the inputs it passes (the run would free them once used,
-  // and the reserve then fell short by the input's bytes).
-  const std::vector<c10::IValue> held = copies;
-  Skeleton::Run run = sk.begin(std::move(copies));
-  std::uint64_t peak = cpu_meter().peak;
-  const int L = static_cast<int>(sk.layers().size());
-  if (layer_peaks) layer_peaks->assign(L, 0);
-  for (int k = 0; k < L; ++k) {
-    reset_cpu_meter_peak();
-    sk.run_layer(run);
-    const std::uint64_t p = cpu_meter().peak;
-    peak = std::max(peak, p);
-    if (layer_peaks) (*layer_peaks)[k] = p > base ? p - base : 0;
-  }
-  reset_cpu_meter_peak();
-  sk.finish(run);
-  peak = std::max(peak, cpu_meter().peak);
-  return peak > base ? peak - base : 0;
-}
-
 }  // namespace swapnet
