@@ -1,0 +1,220 @@
+// Scenario files (scenario.h).
+#include "scenario.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+
+#include "swapnet/swapcore.h"
+
+namespace swapnet {
+namespace cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool exists(const std::string& p) {
+  struct stat sb;
+  return ::stat(p.c_str(), &sb) == 0;
+}
+
+// Throws unless every key of object `e` (at `at`, "" for the top level) is in `keys`; the error
+// names the field and ends with `what` (e.g. " is not a model field").
+void only_keys(const json& e, const std::string& path, const std::string& at, const std::set<std::string>& keys,
+               const std::string& what) {
+  for (const auto& [k, v] : e.items()) {
+    if (!keys.count(k)) throw Error(path + ": field '" + (at.empty() ? k : at + "." + k) + "'" + what);
+  }
+}
+
+}  // namespace
+
+Scenario load_scenario(const std::string& path, const std::string& models_dir) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open the scenario file");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  auto field = [&](const std::string& where) { return path + ": field '" + where + "'"; };
+  if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
+  static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
+                                              "schedule", "description", "scheduler", "workers", "groups"};
+  only_keys(j, path, "", known,
+            " is not a scenario field (name, description, total_budget, policy, scheduler, workers, duration_s, "
+            "models, groups, schedule)");
+  Scenario s;
+  try {
+    s.name = j.value("name", std::string("scenario"));
+    if (!j.contains("total_budget")) throw Error(field("total_budget") + " is missing");
+    const json& t = j["total_budget"];
+    if (!t.is_number_unsigned() && !t.is_string()) {
+      throw Error(field("total_budget") + " must be a size (\"843MiB\", bytes) or a percentage (\"72.6%\")");
+    }
+    s.total = t.is_number() ? std::to_string(t.get<std::uint64_t>()) : t.get<std::string>();
+    s.policy = j.value("policy", s.policy);
+    s.scheduler = j.value("scheduler", s.scheduler);
+    s.workers = j.value("workers", s.workers);
+    if (s.workers < 1) throw Error(field("workers") + ": " + std::to_string(s.workers) + " must be >= 1");
+    s.duration_s = j.value("duration_s", s.duration_s);
+  } catch (const json::exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+  if (!(s.duration_s > 0)) throw Error(field("duration_s") + ": " + std::to_string(s.duration_s) + " must be > 0");
+  if (!j.contains("models") || !j["models"].is_array() || j["models"].empty()) {
+    throw Error(field("models") + " must be a non-empty array");
+  }
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  static const std::set<std::string> model_keys = {"name", "image", "urgency", "device", "threads", "cpus", "rate_hz",
+                                                   "input_shape", "period_ms", "jitter_ms", "slo_ms"};
+  for (size_t i = 0; i < j["models"].size(); ++i) {
+    const json& m = j["models"][i];
+    const std::string at = "models[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw Error(field(at) + " must be an object");
+    only_keys(m, path, at, model_keys, " is not a model field");
+    ScenarioModel sm;
+    try {
+      if (!m.contains("image")) throw Error(field(at + ".image") + " is missing");
+      std::string image = m["image"].get<std::string>();
+      sm.rt.name = m.value("name", image.substr(image.rfind('/') + 1));
+      if (!image.empty() && image[0] != '/') {
+        std::string found;
+        for (const std::string& d : {dir, models_dir}) {
+          if (found.empty() && exists(d + "/" + image)) found = d + "/" + image;
+        }
+        if (found.empty()) {
+          throw Error(field(at + ".image") + ": '" + image + "' is neither in " + dir + " nor in " + models_dir +
+                      " (scripts/models.sh paper makes the paper's models; swapnet pack makes images)");
+        }
+        image = found;
+      }
+      sm.rt.image = image;
+      sm.rt.urgency = m.value("urgency", 1.0);
+      if (!(sm.rt.urgency > 0)) throw Error(field(at + ".urgency") + ": " + std::to_string(sm.rt.urgency) + " must be > 0");
+      sm.device = m.value("device", std::string("cpu"));
+      if (sm.device != "cpu" && sm.device != "cuda") {
+        throw Error(field(at + ".device") + ": '" + sm.device + "' is not cpu or cuda");
+      }
+      sm.rt.options.device = sm.device == "cuda" ? ExecutorOptions::Device::kCUDA : ExecutorOptions::Device::kCPU;
+      sm.rt.threads = m.value("threads", 0);
+      if (sm.rt.threads < 0) throw Error(field(at + ".threads") + " must be >= 0");
+      sm.rt.cpus = m.value("cpus", std::vector<int>{});
+      sm.rate_hz = m.value("rate_hz", 0.0);
+      if (sm.rate_hz < 0) throw Error(field(at + ".rate_hz") + " must be >= 0 (0: closed loop)");
+      sm.period_ms = m.value("period_ms", 0.0);
+      sm.jitter_ms = m.value("jitter_ms", 0.0);
+      sm.slo_ms = m.value("slo_ms", 0.0);
+      if (sm.period_ms < 0) throw Error(field(at + ".period_ms") + " must be >= 0 (0: no open-loop arrivals)");
+      if (sm.jitter_ms < 0 || (sm.period_ms > 0 && sm.jitter_ms >= sm.period_ms)) {
+        throw Error(field(at + ".jitter_ms") + ": " + std::to_string(sm.jitter_ms) + " must be >= 0 and below period_ms");
+      }
+      if (sm.slo_ms < 0) throw Error(field(at + ".slo_ms") + " must be >= 0 (0: no deadline)");
+      if (sm.period_ms > 0 && sm.rate_hz > 0) throw Error(field(at + ".period_ms") + ": give period_ms or rate_hz, not both");
+      if (m.contains("input_shape")) {
+        sm.shapes = m["input_shape"].is_string() ? std::vector<std::string>{m["input_shape"].get<std::string>()}
+                                                 : m["input_shape"].get<std::vector<std::string>>();
+      }
+    } catch (const json::exception& e) {
+      throw Error(field(at) + ": " + e.what());
+    }
+    for (const auto& other : s.models) {
+      if (other.rt.name == sm.rt.name) throw Error(field(at + ".name") + ": '" + sm.rt.name + "' is used twice");
+    }
+    s.models.push_back(std::move(sm));
+  }
+  if (j.contains("groups")) {
+    if (!j["groups"].is_array()) throw Error(field("groups") + " must be an array of {name, models, period_ms}");
+    static const std::set<std::string> group_keys = {"name", "models", "period_ms", "jitter_ms", "slo_ms"};
+    for (size_t g = 0; g < j["groups"].size(); ++g) {
+      const json& e = j["groups"][g];
+      const std::string at = "groups[" + std::to_string(g) + "]";
+      if (!e.is_object()) throw Error(field(at) + " must be an object");
+      only_keys(e, path, at, group_keys, " is not a group field (name, models, period_ms, jitter_ms, slo_ms)");
+      ScenarioGroup sg;
+      try {
+        sg.name = e.value("name", "group" + std::to_string(g));
+        if (!e.contains("period_ms") || !e["period_ms"].is_number() || !(e["period_ms"].get<double>() > 0)) {
+          throw Error(field(at + ".period_ms") + " must be a number > 0 (the group's frames arrive at that period)");
+        }
+        sg.period_ms = e["period_ms"].get<double>();
+        sg.jitter_ms = e.value("jitter_ms", 0.0);
+        sg.slo_ms = e.value("slo_ms", sg.period_ms);
+        if (sg.jitter_ms < 0 || sg.jitter_ms >= sg.period_ms) {
+          throw Error(field(at + ".jitter_ms") + ": " + std::to_string(sg.jitter_ms) + " must be >= 0 and below period_ms");
+        }
+        if (!(sg.slo_ms > 0)) throw Error(field(at + ".slo_ms") + " must be > 0 (default: period_ms)");
+        if (!e.contains("models") || !e["models"].is_array() || e["models"].empty()) {
+          throw Error(field(at + ".models") + " must be a non-empty array of model names");
+        }
+        for (const auto& name : e["models"].get<std::vector<std::string>>()) {
+          int found = -1;
+          for (size_t i = 0; i < s.models.size(); ++i) {
+            if (s.models[i].rt.name == name) found = static_cast<int>(i);
+          }
+          if (found < 0) throw Error(field(at + ".models") + ": '" + name + "' is not a model of the scenario");
+          ScenarioModel& m = s.models[static_cast<size_t>(found)];
+          if (m.group == static_cast<int>(g)) throw Error(field(at + ".models") + ": '" + name + "' is listed twice");
+          if (m.group >= 0) {
+            throw Error(field(at + ".models") + ": '" + name + "' is already in group '" +
+                        s.groups[static_cast<size_t>(m.group)].name + "'");
+          }
+          if (m.period_ms > 0 || m.rate_hz > 0 || m.slo_ms > 0) {
+            throw Error(field(at + ".models") + ": '" + name +
+                        "' has its own period_ms, rate_hz or slo_ms; a group member takes the group's");
+          }
+          m.group = static_cast<int>(g);
+          m.slo_ms = sg.slo_ms;
+          sg.members.push_back(found);
+        }
+      } catch (const json::exception& x) {
+        throw Error(field(at) + ": " + x.what());
+      }
+      for (const auto& other : s.groups) {
+        if (other.name == sg.name) throw Error(field(at + ".name") + ": '" + sg.name + "' is used twice");
+      }
+      s.groups.push_back(std::move(sg));
+    }
+  }
+  if (j.contains("schedule")) {
+    if (!j["schedule"].is_array()) throw Error(field("schedule") + " must be an array of {at_s, budget}");
+    for (size_t i = 0; i < j["schedule"].size(); ++i) {
+      const json& e = j["schedule"][i];
+      const std::string at = "schedule[" + std::to_string(i) + "]";
+      if (!e.is_object() || !e.contains("at_s") || !e.contains("budget") || !e["at_s"].is_number() ||
+          !(e["budget"].is_string() || e["budget"].is_number_unsigned())) {
+        throw Error(field(at) + " must be {\"at_s\": SECONDS, \"budget\": SIZE}");
+      }
+      s.schedule.emplace_back(e["at_s"].get<double>(), e["budget"].is_number()
+                                                            ? std::to_string(e["budget"].get<std::uint64_t>())
+                                                            : e["budget"].get<std::string>());
+    }
+  }
+  return s;
+}
+
+std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const std::string& what) {
+  if (!text.empty() && text.back() == '%') {
+    double pct = 0;
+    try {
+      pct = std::stod(text.substr(0, text.size() - 1));
+    } catch (...) {
+      throw Error(what + ": '" + text + "' is not a percentage");
+    }
+    if (!(pct > 0)) throw Error(what + ": '" + text + "' must be > 0%");
+    return static_cast<std::uint64_t>(static_cast<double>(whole) * pct / 100.0);
+  }
+  try {
+    return parse_size(text);
+  } catch (const std::exception& e) {
+    throw Error(what + ": " + e.what());
+  }
+}
+
+}  // namespace cli
+}  // namespace swapnet
