@@ -9,8 +9,9 @@
 # O_DIRECT rate measured in the same run (sustained: passes back to back for a second); and
 # direct_under_io, direct inference while the image is read at the pace swapnet read it (what
 # the reads cost the compute on this machine, without swapnet); physical_bound = max(direct,
-# io_bound, memory_bound), memory_bound being the least latency any schedule can reach with
-# weights and activations within the budget (partitioner's memory_bound_ms). naive reads with buffered I/O and drops each block's
+# memory_bound), memory_bound being the least latency any schedule can reach with weights and
+# activations within the budget (partitioner's memory_bound_ms); reserve_bound the least of plans
+# that keep a constant activation reserve, as swapnet's do (Note [Two bounds], docs/partitioner.md). naive reads with buffered I/O and drops each block's
 # pages after use (the budget has no page cache to keep the model in).
 #   bench/storage.sh [--rounds N] [--iters N] [--rates "host 2GB/s 1GB/s 400MB/s"]
 #                    [--models "resnet101 yolov3 fcn_resnet101 vgg19"] [--read-ahead ring|paper]
@@ -78,6 +79,9 @@ print(json.dumps({
     "memory_bound_under_io_ms": j.get("memory_bound_under_io_ms"),
     "physical_bound_under_io_ms": j.get("physical_bound_under_io_ms"),
     "ratio_vs_physical_bound_under_io": j.get("ratio_vs_physical_bound_under_io"),
+    "reserve_bound_ms": j.get("reserve_bound_ms"), "ratio_vs_reserve_bound": j.get("ratio_vs_reserve_bound"),
+    "reserve_bound_under_io_ms": j.get("reserve_bound_under_io_ms"),
+    "ratio_vs_reserve_bound_under_io": j.get("ratio_vs_reserve_bound_under_io"),
     "prediction_error": abs(j["predicted_ms"] - swap) / swap,
     "bytes_read_per_inference": j["bytes_read_per_inference"], "min_read_bytes": j["min_read_bytes"],
     "read_vs_least": j["bytes_read_per_inference"] / j["min_read_bytes"] if j["min_read_bytes"] else None,

@@ -26,7 +26,7 @@ def mb(x):
 
 
 cols = ["model", "rate", "budget MB", "direct ms", "swapnet ms", "naive ms", "io_bound ms", "raw MB/s",
-        "swapnet / max(direct, io_bound)", "memory bound ms", "swapnet / physical bound", "direct under reads ms", "swapnet / max(that, io_bound)", "naive / swapnet", "read MB/inf", "least MB", "read / least",
+        "swapnet / max(direct, io_bound)", "memory bound ms", "swapnet / physical bound", "reserve bound ms", "swapnet / reserve bound", "direct under reads ms", "swapnet / max(that, io_bound)", "naive / swapnet", "read MB/inf", "least MB", "read / least",
         "page cache MB direct/swapnet/naive", "predicted error", "bit-identical"]
 print("| " + " | ".join(cols) + " |")
 print("|" + "---|" * len(cols))
@@ -36,6 +36,7 @@ for r in rows:
         r["model"], r["rate"], mb(r["budget_bytes"]), f'{r["direct_ms"]:.0f}', f'{r["swapnet_ms"]:.0f}',
         num(r["naive_ms"], ".0f") if r["naive_ms"] is not None else "does not fit", f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', f'{r["ratio_vs_bound"]:.3f}',
         num(r.get("memory_bound_ms"), ".0f"), num(r.get("ratio_vs_physical_bound"), ".3f"),
+        num(r.get("reserve_bound_ms"), ".0f"), num(r.get("ratio_vs_reserve_bound"), ".3f"),
         f'{r["direct_under_io_ms"]:.0f}', f'{r["ratio_vs_bound_under_io"]:.3f}',
         num(r["naive_vs_swapnet"], ".2f"), mb(r["bytes_read_per_inference"]), mb(r["min_read_bytes"]),
         "-" if least is None else f"{least:.3f}",
@@ -57,6 +58,8 @@ above = sum((r.get("memory_bound_ms") or 0) > 1.01 * max(r["direct_ms"], r["io_b
 worst("ratio_vs_physical_bound", "physical bound max(direct, memory_bound)",
       f"; memory bound more than 1 % above max(direct, io_bound) in {above}")
 worst("ratio_vs_physical_bound_under_io", "physical bound under the same reads")
+worst("ratio_vs_reserve_bound", "reserve bound (plans with a constant activation reserve: Note [Two bounds])")
+worst("ratio_vs_reserve_bound_under_io", "reserve bound under the same reads")
 worst("ratio_vs_bound_under_io", "max(direct under the same reads, io_bound)")
 nv = [r["naive_vs_swapnet"] for r in rows if r["naive_vs_swapnet"] is not None]
 print(f"naive / swapnet: {min(nv or [0]):.2f} .. {max(nv or [0]):.2f} "

@@ -28,17 +28,25 @@ void use_profile(const DeviceProfile& p, ExecutorOptions* o) {
   o->gamma_ms_per_flop = p.gamma_ms_per_flop;
 }
 
-double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s) {
+double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s,
+                             bool constant_reserve) {
   std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
   double image_ms = 0;
   for (size_t k = 0; k < costs.size(); ++k) {
     costs[k].bytes = info.layers[k].data_bytes;
+    if (constant_reserve) costs[k].peak_bytes = costs[k].live_bytes = info.activation_bytes;
     image_ms += costs[k].exec_ms;
   }
   if (compute_ms > 0 && image_ms > 0) {
     for (auto& l : costs) l.exec_ms *= compute_ms / image_ms;
   }
   return memory_bound_ms(costs, budget, 1.0 / (read_mb_s * 1e3));
+}
+
+double image_reserve_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s,
+                              std::uint64_t least_read_bytes) {
+  return std::max({compute_ms, image_memory_bound_ms(info, budget, compute_ms, read_mb_s, true),
+                   static_cast<double>(least_read_bytes) / (read_mb_s * 1e3)});
 }
 
 namespace {
@@ -89,13 +97,13 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
   j["exec_ms"] = exec_ms;  // the execution time the image (or gamma * FLOPs) predicts
   // The least latency any schedule reaches in this budget (partitioner's memory_bound_ms), on
   // this profile's disk and compute, or on the what-if device given.
+  const double bound_rate = bound.read_mb_s > 0 ? bound.read_mb_s : 1.0 / (prof.cost.alpha_ms_per_byte * 1e3);
+  const double bound_compute = bound.compute_ms > 0 ? bound.compute_ms : exec_ms;
   {
-    const double rate = bound.read_mb_s > 0 ? bound.read_mb_s : 1.0 / (prof.cost.alpha_ms_per_byte * 1e3);
-    const double compute = bound.compute_ms > 0 ? bound.compute_ms : exec_ms;
-    const double mem = image_memory_bound_ms(info, budget, compute, rate);
+    const double mem = image_memory_bound_ms(info, budget, bound_compute, bound_rate);
     j["memory_bound_ms"] = std::isfinite(mem) ? json(mem) : json(nullptr);
-    j["physical_bound_ms"] = std::isfinite(mem) ? json(std::max(compute, mem)) : json(nullptr);
-    j["bound_device"] = {{"read_mb_s", rate}, {"compute_ms", compute}};
+    j["physical_bound_ms"] = std::isfinite(mem) ? json(std::max(bound_compute, mem)) : json(nullptr);
+    j["bound_device"] = {{"read_mb_s", bound_rate}, {"compute_ms", bound_compute}};
   }
   // The capacity the partitioner gets: the budget less activations and (at most) pinned bytes.
   const std::uint64_t reserve = planning_reserve(info, eo);
@@ -120,6 +128,12 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
     j["resident_layers"] = json::array();
     j["predicted_ms"] = nullptr;
     j["bytes_read_per_inference"] = nullptr;
+  }
+  // Plans with a constant activation reserve, as swapnet's (cmd_run.cpp says more).
+  if (j.contains("min_read_bytes")) {
+    const double reserve =
+        image_reserve_bound_ms(info, budget, bound_compute, bound_rate, j["min_read_bytes"].get<std::uint64_t>());
+    j["reserve_bound_ms"] = std::isfinite(reserve) ? json(reserve) : json(nullptr);
   }
   // Search from scratch vs the budget grid (every 1 MiB) vs the paper's table.
   auto t0 = Clock::now();
@@ -187,6 +201,10 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
                   "of compute)\n",
                   j["physical_bound_ms"].get<double>(), j["memory_bound_ms"].get<double>(),
                   j["bound_device"]["read_mb_s"].get<double>(), j["bound_device"]["compute_ms"].get<double>());
+      if (j.contains("reserve_bound_ms") && !j["reserve_bound_ms"].is_null()) {
+        std::printf("  no plan with a constant activation reserve (swapnet's) is faster than %.1f ms\n",
+                    j["reserve_bound_ms"].get<double>());
+      }
     }
     std::printf("  search %.2f ms; grid of %zu in %.0f ms, lookup %.3f us (paper's table: %.3f us)\n",
                 j["search_ms"].get<double>(), grid.size(), j["grid_build_ms"].get<double>(),

@@ -96,8 +96,16 @@ int plan(const std::string& image, const Common& c, const std::string& budget, c
          bool table, const BoundOptions& bound = {});
 // The partitioner's memory_bound_ms for an image in `budget` (weights + activations): the image's
 // layer times scaled to `compute_ms` (<= 0: as they are), its tensors' bytes without padding, a
-// disk of `read_mb_s` (MB = 1e6 bytes). Infinite when some layer does not fit.
-double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s);
+// disk of `read_mb_s` (MB = 1e6 bytes). Infinite when some layer does not fit. That bounds any
+// schedule, including one that lends the bytes a layer's activations leave idle to weights; with
+// `constant_reserve`, every layer's activations take the image's whole reserve, as in swapnet's
+// plans (docs/partitioner.md).
+double image_memory_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s,
+                             bool constant_reserve = false);
+// The least latency of plans that keep a constant activation reserve, as swapnet's do: max(compute,
+// the constant-reserve memory bound, `least_read_bytes` -- min_read_bytes -- at `read_mb_s`).
+double image_reserve_bound_ms(const ImageInfo& info, std::uint64_t budget, double compute_ms, double read_mb_s,
+                              std::uint64_t least_read_bytes);
 
 // swapnet profile (cmd_profile.cpp).
 struct MeasureOptions {
