@@ -3,6 +3,7 @@
 its minimum budget, if larger) with --check: outputs bit-identical to direct inference, peak
 model memory within the budget, no page-cache growth beyond 1 MiB, more than one block; a
 budget below the minimum is refused with the minimum stated; --mode naive and direct work;
+for resnet18, --compare reports the ratios and both bounds (physical <= reserve, reserve >= least reads);
 --device cuda says what is missing where there is no CUDA libtorch or GPU (SWAPNET_EXPECT_GPU=1,
 as scripts/gpu-check.sh sets: it runs, bit-identical to direct GPU inference, within the budget).
 
@@ -41,6 +42,25 @@ def main() -> int:
         expect(j["peak_model_bytes"] <= budget, f"peak {j['peak_model_bytes']} > budget {budget}")
         expect(j["page_cache_growth_bytes"] < (1 << 20), f"page cache grew {j['page_cache_growth_bytes']}")
         expect(j["num_blocks"] >= 2 or budget >= info["data_bytes"], "expected swapping at a third")
+    if name == "resnet18":
+        # The benchmark path: every mode in its own process, the ratios and the two bounds.
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--compare", "--rounds", "1", "--iters", "1",
+                           "--check", "--json")
+        expect(rc == 0, f"run --compare exit {rc}: {err}")
+        if rc == 0:
+            j = json.loads(out)
+            pb, rb = j["physical_bound_ms"], j["reserve_bound_ms"]
+            least = j["min_read_bytes"] / (j["raw_io_mb_s"] * 1e3)
+            print(json.dumps({k: j[k] for k in ("io_bound_ms", "physical_bound_ms", "reserve_bound_ms", "ratio_vs_bound",
+                                                 "ratio_vs_reserve_bound")}))
+            expect(j["equal"] is True and j["peak_model_bytes"] <= budget, "--compare: outputs or peak")
+            expect(pb >= j["direct"]["latency_ms"]["median"] - 1e-6 and rb >= pb - 1e-6 and rb >= least - 1e-6,
+                   f"bounds: physical {pb}, reserve {rb}, least reads {least}, direct {j['direct']['latency_ms']}")
+            expect(abs(j["ratio_vs_reserve_bound"] * rb - j["latency_ms"]["median"]) < 1e-6 * rb,
+                   "ratio_vs_reserve_bound is swapnet / reserve_bound")
+            for mode in ("direct", "naive"):
+                if "page_cache_growth_bytes" in j[mode]:
+                    expect(j[mode]["page_cache_growth_bytes"] < (1 << 20), f"{mode} left page cache behind")
     # naive holds a block twice (its read buffer and its copy): its minimum is twice the largest
     # layer + activations, above the ring's (the largest layer); below it, it is refused with its
     # own minimum, and at it, its buffer + copies + activations stay within the budget.
