@@ -307,9 +307,12 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   std::string backend = "-", memory = "host";
   double bind_us = 0;
   std::uint64_t streamed = 0, remeasured = 0, reserve_after = 0;
+  json pipeline = json::object();  // per timed inference (Note [Layer by layer] in executor.cpp)
   const int iters = std::max(1, o.iters);
-  auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes) {
+  auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes,
+                     const std::function<void()>& timed = nullptr) {
     fwd();  // warm-up (lazy initialisation), not timed
+    if (timed) timed();
     reset_memory_peak();
     read_before = bytes();
     for (int i = 0; i < iters; ++i) {
@@ -343,7 +346,13 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                   {"min_read_bytes", min_read_bytes(info, eo)}};
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
-    measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); });
+    Executor::PipelineStats ps0;
+    measure([&] { return ex->forward(clone_inputs(inputs)); }, [&] { return ex->bytes_used(); },
+            [&] { ps0 = ex->pipeline_stats(); });
+    const Executor::PipelineStats ps1 = ex->pipeline_stats();
+    pipeline = {{"read_wait_ms", (ps1.read_wait_ms - ps0.read_wait_ms) / iters},
+                {"layers_started_early", static_cast<double>(ps1.layers_started_early - ps0.layers_started_early) / iters},
+                {"released_early_bytes", static_cast<double>(ps1.released_early_bytes - ps0.released_early_bytes) / iters}};
     bind_us = ex->bind_us_per_tensor();
     streamed = ex->streamed_blocks();
     remeasured = ex->remeasured();
@@ -412,6 +421,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (o.mode == "swapnet") {
     j["bind_us_per_tensor"] = bind_us;
     j["streamed_blocks"] = streamed;  // read into ring space older blocks still held, warm-up included
+    // Per timed inference: the executing thread waiting for reads, layers run while the rest of
+    // their block was read, ring bytes given back before their block ended.
+    j["pipeline"] = pipeline;
     // Inputs no profile in the image covered, measured in the warm-up (Note [Dynamic shapes]),
     // and the activation reserve the timed inferences planned with.
     j["remeasured_inputs"] = remeasured;

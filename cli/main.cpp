@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
   run->add_option("--read-ahead", ro.read_ahead,
                   "ring (default: as many blocks ahead as the budget holds, into the next inference; a block "
                   "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "
-                  "block waiting for its whole room) | paper (two blocks, one inference at a time)");
+                  "block waiting for its whole room) | ring-blocks (the same, a block's layers waiting for all "
+                  "of it and holding all of it until its last layer ran) | paper (two blocks, one inference at a time)");
   add_common(run, common, true, false);
 
   std::string budget, profile_path;

@@ -283,15 +283,27 @@ TEST(BlockRing, KeptBytesPrecedeTheRingAndABlockFollowsThemAtItsStart) {
 
 // Random FIFO use with streamed pushes: blocks never overlap once whole, a streamed block's free
 // ranges are never held by another, and used() is the union of the bytes held.
-TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) {
+// Random pushes, streamed pushes, pops and (with `release_fronts`) fronts given back page by
+// page: used() is the union of what the blocks hold, range_free() says exactly where older
+// blocks hold nothing, and blocks never overlap while none streams.
+void random_streamed_use(bool release_fronts) {
   const std::uint64_t P = 4096, cap = 61 * P;
   auto ring = BlockRing::create(cap, MemoryKind::kHost);
+  const MemoryStats before = memory_stats();
   std::mt19937 rng(11);
   std::deque<std::pair<std::uint64_t, std::uint64_t>> held;  // offset, pages
-  int streamed = 0;
+  int streamed = 0, released = 0;
   for (int i = 0; i < 5000; ++i) {
     const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, 61)(rng);
-    if (rng() % 2 == 0 && !ring->streaming()) {
+    if (release_fronts && rng() % 3 == 0 && !held.empty() && held.front().second > 1) {
+      const std::uint64_t k = std::uniform_int_distribution<std::uint64_t>(1, held.front().second - 1)(rng);
+      // Any address inside the k-th page rounds down to it.
+      const char* p = ring->base() + held.front().first + k * P + rng() % P;
+      ASSERT_EQ(ring->release_front_until(p), k * P) << i;
+      held.front().first += k * P;
+      held.front().second -= k * P / P;
+      ++released;
+    } else if (rng() % 2 == 0 && !ring->streaming()) {
       const bool fits = ring->fits(pages * P);
       char* p = static_cast<char*>(fits ? ring->push(pages * P) : ring->push_streamed(pages * P));
       if (p != nullptr) {
@@ -308,6 +320,7 @@ TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) {
       for (std::uint64_t k = 0; k < n; ++k) page[o / P + k] = 1;
     }
     EXPECT_EQ(ring->used(), static_cast<std::uint64_t>(std::count(page.begin(), page.end(), 1)) * P) << i;
+    EXPECT_EQ(memory_stats().current - before.current, ring->used()) << i;
     if (!held.empty()) {
       const auto [o, n] = held.back();
       for (std::uint64_t k = 0; k < n; ++k) {
@@ -329,6 +342,36 @@ TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) {
     }
   }
   EXPECT_GT(streamed, 200);
+  if (release_fronts) EXPECT_GT(released, 500);
+}
+
+TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) { random_streamed_use(false); }
+
+TEST(BlockRing, RandomUseWithFrontsGivenBackCountsEveryByteOnce) { random_streamed_use(true); }
+
+TEST(BlockRing, TheOldestBlockGivesBackItsFrontForTheBlockStreamingOverIt) {
+  const std::uint64_t P = 4096;
+  auto ring = BlockRing::create(40 * P, MemoryKind::kHost);
+  char* a = static_cast<char*>(ring->push(30 * P));
+  EXPECT_EQ(ring->release_front_until(a), 0u) << "nothing before its first byte";
+  EXPECT_EQ(ring->release_front_until(a + 30 * P), 0u) << "not inside it";
+  char* s = static_cast<char*>(ring->push_streamed(36 * P));
+  ASSERT_EQ(s, a) << "from the start, over a";
+  EXPECT_FALSE(ring->range_free(s, P));
+  EXPECT_EQ(ring->used(), 36u * P);
+  EXPECT_EQ(ring->release_front_until(s + 12 * P + 100), 12u * P) << "a's first 12 pages ran";
+  EXPECT_TRUE(ring->range_free(s, 12 * P));
+  EXPECT_FALSE(ring->range_free(s + 12 * P, P));
+  EXPECT_TRUE(ring->streaming());
+  EXPECT_EQ(ring->used(), 36u * P) << "s holds what a gave back";
+  EXPECT_EQ(ring->release_front_until(s + 12 * P), 0u) << "already given back";
+  ring->pop();  // the rest of a
+  EXPECT_FALSE(ring->streaming());
+  EXPECT_EQ(ring->used(), 36u * P);
+  // Not deep: nothing is given back early.
+  auto two = BlockRing::create(40 * P, MemoryKind::kHost, false);
+  char* b = static_cast<char*>(two->push(10 * P));
+  EXPECT_EQ(two->release_front_until(b + 5 * P), 0u);
 }
 
 // Memory the GPU reads in place, or a ring asked not to be deep, holds two blocks at opposite ends.

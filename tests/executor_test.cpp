@@ -48,7 +48,8 @@ TEST(Executor, SwappedRunIsBitIdenticalAtAThirdOfTheModel) {
   std::vector<std::uint64_t> swapped;  // bytes of the swapped blocks, in order
   for (size_t b = 0; b < p.blocks.size(); ++b) {
     if (b + 1 < p.blocks.size()) EXPECT_EQ(p.blocks[b].second + 1, p.blocks[b + 1].first) << "blocks tile the layers";
-    if (!p.resident[b]) swapped.push_back(p.block_bytes[b]);
+    // The block kept in part (Note [Keeping part of a block]) reads only its rest into the ring.
+    if (!p.resident[b]) swapped.push_back(p.block_bytes[b] - (static_cast<int>(b) == p.retain_block ? p.retained_bytes : 0));
   }
   // The ring holds every swapped block; two neighbours need not fit together (a block streams
   // into the bytes its predecessor frees, Note [Streaming into the ring]), and its minimum is
@@ -273,15 +274,20 @@ TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
 // A ring of one block (Note [A ring of one block]): the next block streams into the bytes the
 // one before frees (Note [Streaming into the ring]). Bit-identical, never more than the ring in
 // use, budget changes in the middle of an inference and a failed read included; ring-whole
-// (no streaming) gives the same outputs.
+// (no streaming) gives the same outputs. Layer by layer (Note [Layer by layer]): layers run
+// while the rest of their block lands and give their bytes back as they end; a read failing in
+// the middle of a block fails that inference only; ring-blocks does neither.
 TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   const ImageInfo& info = pk.info;
   bool fail = false;
+  std::uint64_t fail_from = 0, fail_to = ~0ull;  // reads starting in [from, to) fail
   ExecutorOptions o;
   o.blocks = 6;
   o.budget = info.data_size * 2;
-  o.reader.fault = [&](std::uint64_t, std::size_t, long res) -> long { return fail ? -EIO : res; };
+  o.reader.fault = [&](std::uint64_t off, std::size_t, long res) -> long {
+    return fail && off >= fail_from && off < fail_to ? -EIO : res;
+  };
   const ExecutionPlan wide = plan_execution(info, o);
   std::uint64_t largest = 0;
   for (size_t b = 0; b < wide.blocks.size(); ++b) {
@@ -293,7 +299,7 @@ TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
   torch::manual_seed(5);
   at::Tensor x = torch::randn({1, 3, 64, 64});
   const c10::IValue expected = reference(pk.m, x);
-  for (const char* ra : {"ring", "ring-whole"}) {
+  for (const char* ra : {"ring", "ring-blocks", "ring-whole"}) {
     set_executor_option(&o, "--read-ahead", ra);
     auto ex = Executor::open(pk.img, o);
     const ExecutionPlan& p = ex->plan();
@@ -305,6 +311,14 @@ TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
     }
     EXPECT_LE(ex->weight_memory().peak, p.arena_bytes + p.pinned_bytes) << ra;
     EXPECT_LE(memory_stats().peak, p.arena_bytes) << ra << ": no byte of the ring counted twice";
+    const Executor::PipelineStats ps = ex->pipeline_stats();
+    if (std::string(ra) == "ring") {
+      EXPECT_GT(ps.layers_started_early, 0u) << "layers ran while the rest of their block landed";
+      EXPECT_GT(ps.released_early_bytes, 0u) << "blocks gave their first layers' bytes back";
+    } else {
+      EXPECT_EQ(ps.layers_started_early, 0u) << ra;
+      EXPECT_EQ(ps.released_early_bytes, 0u) << ra;
+    }
     if (std::string(ra) == "ring-whole") {
       EXPECT_EQ(ex->streamed_blocks(), 0u);
       continue;
@@ -336,6 +350,29 @@ TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
     Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
     EXPECT_TRUE(c.equal) << "usable after a failed streamed read: " << c.difference;
     EXPECT_GT(ex->streamed_blocks(), before);
+    // A read failing past the first piece of the largest block: in the middle of that block.
+    const ExecutionPlan& q = ex->plan();
+    for (size_t b = 0; b < q.blocks.size(); ++b) {
+      if (!q.resident[b] && q.block_bytes[b] == largest) {
+        fail_from = info.layers[q.blocks[b].first].offset + (2 << 20);
+        fail_to = info.layers[q.blocks[b].first].offset + largest;
+      }
+    }
+    ASSERT_GT(fail_from, 0u);
+    fail = true;
+    e = error_of([&] { ex->forward({x.clone()}); });
+    fail = false;
+    fail_from = 0;
+    fail_to = ~0ull;
+    EXPECT_NE(e.find("Input/output error"), std::string::npos) << ra << ": " << e;
+    EXPECT_NE(e.find("(block "), std::string::npos) << ra << ": names the block: " << e;
+    for (int i = 0; i < 2; ++i) {
+      c = compare_outputs(expected, ex->forward({x.clone()}));
+      EXPECT_TRUE(c.equal) << ra << ": usable after a read failed inside a block: " << c.difference;
+    }
+    EXPECT_LE(ex->weight_memory().peak, q.arena_bytes + q.pinned_bytes + q.retained_bytes)
+        << ra << ": arena " << q.arena_bytes << " pinned " << q.pinned_bytes << " retained " << q.retained_bytes
+        << " resident " << q.resident_bytes;
   }
 }
 

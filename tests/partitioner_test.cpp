@@ -224,6 +224,39 @@ TEST(Partitioner, RingSimulationOnAWorkedExample) {
   EXPECT_NEAR(simulate_ms(l, b, {1, 0, 0}, 2 * kB, 0, m), 60.0, 1e-9);
 }
 
+// Layer by layer (Note [Layer by layer] in assembly/src/executor.cpp) on a worked example: a
+// ring of one block (16 MiB), two blocks of two 8 MiB layers, reads of 1 ms per MiB, 10 ms per
+// layer. Block by block, each block streams over the other's bytes only once it ended, and
+// waits for all of them: (16 + 20) ms per block. Layer by layer, the next block's first half
+// lands while the running block's second layer runs, and its second half while its own first
+// layer runs: compute bound, 40 ms.
+TEST(Partitioner, RingSimulationLayerByLayer) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  CostModel m;
+  m.alpha_ms_per_byte = 1.0 / kMiB;
+  m.beta_ms_per_tensor = 0;
+  m.block_ms = 0;
+  m.eta_ms_per_tensor = 0;
+  m.inference_ms = 0;
+  std::vector<LayerCost> l(4);
+  for (auto& x : l) {
+    x.bytes = 8 * kMiB;
+    x.exec_ms = 10;
+  }
+  const Blocks b = {{0, 1}, {2, 3}};
+  const std::vector<char> sw = {0, 0};
+  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, false), 72.0, 1e-9);
+  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true), 40.0, 1e-9);
+  // Reads slower than compute (3 ms per MiB): the disk is the bound either way, but layer by
+  // layer it never waits for a block to end: 2 x 48 ms of reads, against 2 x (48 + 20).
+  m.alpha_ms_per_byte = 3.0 / kMiB;
+  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, false), 136.0, 1e-9);
+  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true), 96.0, 1e-9);
+  // The two-ended ring (depth 2) is block by block whatever is asked.
+  EXPECT_NEAR(simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, true),
+              simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, false), 1e-9);
+}
+
 // Properties of the ring pipeline on random tables: never faster than the physical bound
 // (all execution, all reads); two blocks ahead never slower than the paper's cold pipeline for
 // the same blocks; a ring holding an inference never slower than two blocks ahead.
@@ -297,9 +330,10 @@ TEST(Partitioner, RingPlansFitAndBeatTheTwoBlockPipeline) {
 
 // A decoder's shape: an embedding and an output head much larger than the blocks between them,
 // I/O-bound. Neither big layer can stay resident beside the other's ring, but the blocks between
-// can: the plan keeps them and reads the least any plan in that budget reads (the candidate
-// orders used to stop at the first layer that did not fit, keeping nothing: 11 % more bytes per
-// token for gpt_350m at 1/4).
+// can, or most of one big layer can (Note [Keeping part of a block]; the two plans are
+// predicted within 0.01 % of each other here): the plan keeps ~150 MiB across inferences and
+// reads the least any plan in that budget reads (the candidate orders used to stop at the first
+// layer that did not fit, keeping nothing: 11 % more bytes per token for gpt_350m at 1/4).
 TEST(Partitioner, KeepsTheSmallLayersBehindTwoThatCannotStay) {
   std::vector<LayerCost> layers;
   layers.push_back(LayerCost{200u << 20, 1, 0.5, 1 << 20, 1 << 20});  // embedding: bytes, little compute
@@ -312,7 +346,7 @@ TEST(Partitioner, KeepsTheSmallLayersBehindTwoThatCannotStay) {
   Partition p = optimal_partition(layers, cap, m);
   ASSERT_TRUE(p.feasible);
   expect_well_formed(layers, p, cap, m, "decoder");
-  EXPECT_GT(p.resident_bytes, 150u << 20) << "the blocks between the big layers stay";
+  EXPECT_GT(p.resident_bytes + p.retained_bytes, 150u << 20) << "the blocks between the big layers stay, or part of one";
   EXPECT_EQ(p.read_bytes, min_read_bytes(layers, cap));
   PartitionOptions none;
   none.residency = false;

@@ -30,6 +30,18 @@
 // the overlap is gone nothing more is pushed (fits() is false); used() and the accounting count
 // the union of the bytes held, never a byte twice, so the ring's capacity stays the promise.
 //
+// Note [Giving a block back layer by layer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A block's layers run in the order their bytes lie, so the bytes of the layers that have run
+// are dead for the rest of the inference (weights a later layer of the same block reads stay:
+// the executor asks only up to the lowest layer still needed; weights read outside their block
+// are pinned elsewhere). Waiting for the whole block to end before its bytes may be reused made
+// the ring block-granular: with a ring of one large block (fcn_resnet101's 36 MiB head in a
+// 36 MiB ring) the next block's pieces could only be read once the last layer of the one
+// before had run. release_front_until() gives the oldest block's prefix back as it runs: the
+// entry shrinks from the front, the accounting drops those bytes (but for those a streaming
+// newest block already counts), and range_free()/fits() see the room at once.
+//
 // Note [Keeping part of a block]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A layer larger than most of the budget (vgg19's fc6: 392 MiB of a 429 MiB budget) has to be
@@ -235,6 +247,33 @@ bool BlockRing::range_free(const void* p, std::uint64_t bytes) const {
   if (!m.deep || m.overlap == 0) return true;
   const std::uint64_t off = static_cast<std::uint64_t>(static_cast<const char*>(p) - m.base());
   return m.held_by_older(off, bytes) == 0;
+}
+
+std::uint64_t BlockRing::release_front_until(const void* p) {
+  Impl& m = *impl_;
+  if (!m.deep || m.fifo.empty()) return 0;
+  const char* c = static_cast<const char*>(p);
+  if (c < m.base()) return 0;
+  Impl::Entry& e = m.fifo.front();
+  const std::uint64_t off = static_cast<std::uint64_t>(c - m.base()) / kPage * kPage;
+  if (off <= e.offset || off >= e.offset + e.bytes) return 0;
+  const std::uint64_t n = off - e.offset;
+  std::uint64_t freed = n;
+  // Bytes a streamed newest block shares with this prefix stay held (by it).
+  if (m.overlap > 0 && m.fifo.size() > 1) {
+    const Impl::Entry& s = m.fifo.back();
+    const std::uint64_t a = std::max(e.offset, s.offset), b = std::min(e.offset + n, s.offset + s.bytes);
+    if (a < b) {
+      freed -= b - a;
+      m.overlap -= b - a;
+    }
+  }
+  e.offset += n;
+  e.bytes -= n;
+  m.used -= freed;
+  account_memory(-static_cast<std::int64_t>(freed));
+  m.set_wrapped();
+  return n;
 }
 
 void BlockRing::pop() {

@@ -328,10 +328,12 @@ void set_executor_option(ExecutorOptions* o, const std::string& name, const std:
                                                {"equal", Planner::kEqual}});
     if (o->planner == Planner::kOptimal) o->residency = value == "auto";
   } else if (key == "read_ahead") {
-    // ring-whole: the ring without streaming (Note [Streaming into the ring]), for comparison.
+    // ring-whole: the ring without streaming (Note [Streaming into the ring]); ring-blocks:
+    // without layer-by-layer pipelining (Note [Layer by layer]); for comparison.
     o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
-                                                    {"paper", ReadAhead::kPaper}});
+                                                    {"ring-blocks", ReadAhead::kRing}, {"paper", ReadAhead::kPaper}});
     o->stream = value != "ring-whole";
+    o->layer_by_layer = value == "ring";
   } else if (key == "verify") {
     o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
                                              {"never", Verify::kNever}});
@@ -481,9 +483,12 @@ struct Executor::Impl {
     // A block streamed into ring space older blocks still hold (Note [Streaming into the ring]
     // in ring.cpp): read in pieces of kPiece bytes, pieces[i] the ticket of piece i once
     // submitted (0 before); `ticket` stays 0.
+    // A block that fits is read in pieces too (all submitted at once) where its layers may run
+    // as their bytes land (Note [Layer by layer]); `stream` marks the streamed ones.
     std::vector<BlockReader::Ticket> pieces;
-    bool streamed() const { return !pieces.empty(); }
-    bool reads() const { return ticket != 0 || streamed(); }
+    bool stream = false;
+    bool streamed() const { return stream; }
+    bool reads() const { return ticket != 0 || !pieces.empty(); }
   };
   static constexpr std::uint64_t kPiece = kStreamPieceBytes;  // as the planner's simulation
   static_assert(kPiece % kImageAlign == 0);
@@ -498,6 +503,13 @@ struct Executor::Impl {
   bool bound = false;  // cur's weights are bound (a step stopped inside it)
   Fetch cur_fetch;     // what cur was read as (swapped, or a resident block loading)
   bool cur_from_fetch = false;
+  // cur_fetch.pieces[0, cur_waited) have landed and been waited for; the rest are waited for
+  // layer by layer (Note [Layer by layer]).
+  std::size_t cur_waited = 0;
+  // Note [Layer by layer] counters, since open.
+  double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
+  std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
+  std::uint64_t released_early = 0;    // ring bytes given back before their block ended
   std::atomic<bool> yield{false};
 
   // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
@@ -673,6 +685,7 @@ struct Executor::Impl {
           if (at == nullptr) return;
           f.at = at - kept;
           f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+          f.stream = true;
           ++streamed;
           fetches.push_back(std::move(f));
           stream_pieces(fetches.back());
@@ -682,7 +695,14 @@ struct Executor::Impl {
         }
         f.at = at - kept;
       }
-      if (f.bytes > 0) {
+      if (f.bytes > 0 && layer_by_layer(f)) {
+        // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
+        f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+        for (size_t i = 0; i < f.pieces.size(); ++i) {
+          const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
+          f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at);
+        }
+      } else if (f.bytes > 0) {
         f.ticket = reader->submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
                                   f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl));
       } else {
@@ -754,6 +774,7 @@ struct Executor::Impl {
   // Cancels every read submitted and waits for the pieces already issued; releases the ring's
   // blocks. Resident blocks read whole stay.
   void drain() {
+    cancel_cur_pieces();
     for (auto& f : fetches) cancel_reads(f);
     for (auto& f : fetches) {
       (void)wait_reads(f);
@@ -766,6 +787,59 @@ struct Executor::Impl {
     rd_first = -1;
     rd_next = false;
   }
+  // Note [Layer by layer]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A block's layers run in the order their bytes lie in it, and the memory bound a plan is
+  // judged by (partitioner's memory_bound_ms) is layer-granular: a layer may start once its own
+  // weights are in, and its bytes may be reused once it has run. The executor used to be
+  // block-granular on both ends: a block ran only when all of it had landed (the disk's last
+  // megabytes of a 20 MB block stalled its first layer), and its ring bytes were free only after
+  // its last layer (with a ring of one large block the next block's pieces waited for that). On
+  // host memory it now reads a block that fits in pieces of kPiece bytes too, waits before each
+  // layer only for the pieces that hold it (and the layers before it in the block, whose
+  // weights it may share), and after each layer gives the ring back the bytes before the lowest
+  // layer the rest of the block still reads (BlockRing::release_front_until), so a block
+  // streaming over it reads on while it computes. Not with checksums to verify (a layer's
+  // checksum needs it in one read: the first inference under --verify first reads whole), not
+  // for the block kept in part, not on the GPU (kernels run ahead of this thread). Pieces of
+  // the executing block not yet waited for are cancelled and waited for wherever reads are
+  // (drain, shed, an error).
+  bool layer_by_layer(const Fetch& f) const {
+    return opt.layer_by_layer && !cuda && ring && ring->deep() && !f.resident && f.block != plan.retain_block &&
+           f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
+  }
+  // Whether a fetch's layers run as its pieces land (streamed ones too).
+  bool runs_by_layer(const Fetch& f) const {
+    return !f.pieces.empty() && opt.layer_by_layer && !cuda && f.block != plan.retain_block;
+  }
+  Status timed_wait(const Fetch& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = wait_reads(f);
+    read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
+  // Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; cur_waited counts
+  // them. The first error, else ok.
+  Status wait_pieces(const Fetch& f, int k) {
+    const std::uint64_t end = offset(k) + info.layers[k].size - offset(f.first);
+    const std::size_t need = end <= f.skip ? 0 : std::min<std::size_t>(f.pieces.size(), (end - f.skip + kPiece - 1) / kPiece);
+    if (cur_waited >= need) return Status();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st;
+    for (; cur_waited < need; ++cur_waited) {
+      Status s = reader->wait(f.pieces[cur_waited]);
+      if (st.ok() && !s.ok()) st = s;
+    }
+    read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
+  // Cancels and waits for the executing block's pieces not waited for yet.
+  void cancel_cur_pieces() {
+    if (!cur_from_fetch) return;
+    for (std::size_t i = cur_waited; i < cur_fetch.pieces.size(); ++i) reader->cancel(cur_fetch.pieces[i]);
+    for (; cur_waited < cur_fetch.pieces.size(); ++cur_waited) (void)reader->wait(cur_fetch.pieces[cur_waited]);
+  }
+
   // Waits for the front fetch, which must be block `b` of this inference.
   Fetch take(int b) {
     if (fetches.empty()) pump(true);  // GPU: its space may have waited for kernels to finish
@@ -777,9 +851,17 @@ struct Executor::Impl {
     }
     Fetch f = fetches.front();
     fetches.pop_front();
+    cur_waited = 0;
     if (f.reads()) {
-      Status st = wait_reads(f);
+      // In pieces: only its first layer's bytes now, the rest layer by layer (step()).
+      const bool by_layer = runs_by_layer(f);
+      Status st = by_layer ? wait_pieces(f, f.first) : timed_wait(f);
+      if (!by_layer) cur_waited = f.pieces.size();
       if (!st.ok()) {
+        if (!f.pieces.empty()) {  // the pieces after a failed one may still be in flight
+          for (std::size_t i = cur_waited; i < f.pieces.size(); ++i) reader->cancel(f.pieces[i]);
+          for (; cur_waited < f.pieces.size(); ++cur_waited) (void)reader->wait(f.pieces[cur_waited]);
+        }
         if (f.resident && kept_state[b] == Kept::kLoading) kept_state[b] = Kept::kNone;
         if (!f.resident) ring_pop_now();
         throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(plan.blocks.size()) + ")");
@@ -1284,9 +1366,16 @@ bool Executor::step(int stop_before) {
     // An interrupt is taken after at least one layer, so that a storm of them cannot stall
     // the inference.
     bool ran = false;
+    const bool pieces = m.cur_from_fetch && m.runs_by_layer(m.cur_fetch);
     while (m.run->next_layer() <= last) {
       if (m.run->next_layer() == stop_before) return false;
       if (ran && m.yield.exchange(false)) return false;  // interrupted at a layer boundary
+      if (pieces && m.cur_waited < m.cur_fetch.pieces.size()) {
+        // Note [Layer by layer]: this layer's bytes (and those before it in the block).
+        Status st = m.wait_pieces(m.cur_fetch, m.run->next_layer());
+        if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
+        if (m.cur_waited < m.cur_fetch.pieces.size()) ++m.layers_started_early;
+      }
       m.running_layer = m.run->next_layer();
       lk.unlock();  // shed() may give back what this layer does not read, meanwhile
       try {
@@ -1301,6 +1390,22 @@ bool Executor::step(int stop_before) {
       ran = true;
       // The rest of the block may have been given back: no further layer before a re-plan.
       if (m.shed_pending && m.run->next_layer() <= last) return false;
+      if (pieces && m.run->next_layer() <= last) {
+        // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
+        const int need = m.first_needed(b, m.run->next_layer());
+        if (need > m.cur_fetch.first) {
+          const std::uint64_t n_back =
+              m.ring->release_front_until(m.cur_fetch.at + (m.offset(need) - m.offset(m.cur_fetch.first)));
+          if (n_back > 0) {
+            m.released_early += n_back;
+            m.pump();  // a block streaming over those bytes reads on
+          }
+        }
+      }
+    }
+    if (pieces) {
+      Status st = m.wait_pieces(m.cur_fetch, last);  // all landed by now; weightless tails
+      if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
     }
     // Swap-out: drop the views, release the block's ring space (GPU: once its kernels are done).
     if (m.cur_from_fetch && !m.cur_fetch.resident && m.cur_fetch.bytes > 0) {
@@ -1368,6 +1473,7 @@ c10::IValue Executor::finish() {
 void Executor::abort() {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
+  m.cancel_cur_pieces();  // before cur_fetch is forgotten: its pieces may be in flight
   m.run.reset();
   m.bound = false;
   m.cur_from_fetch = false;
@@ -1471,7 +1577,9 @@ bool Executor::shed(std::uint64_t budget) {
       if (block >= 0 && owner >= m.plan.blocks[block].first && owner < k) keep_layers.emplace_back(owner, owner);
     }
   }
-  // Reads: cancelled, and waited for (their pages are about to go).
+  // Reads: cancelled, and waited for (their pages are about to go), the running block's
+  // pieces after the running layer too (Note [Layer by layer]).
+  m.cancel_cur_pieces();
   for (auto& f : m.fetches) m.cancel_reads(f);
   for (auto& f : m.fetches) (void)m.wait_reads(f);
   m.fetches.clear();
@@ -1540,6 +1648,14 @@ const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
 void Executor::set_read_priority(double priority) { impl_->reader->set_priority(priority); }
 std::uint64_t Executor::bytes_used() const { return impl_->used_bytes; }
+Executor::PipelineStats Executor::pipeline_stats() const {
+  std::lock_guard<std::recursive_mutex> lk(impl_->mu);
+  PipelineStats p;
+  p.read_wait_ms = impl_->read_wait_seconds * 1e3;
+  p.layers_started_early = impl_->layers_started_early;
+  p.released_early_bytes = impl_->released_early;
+  return p;
+}
 std::uint64_t Executor::streamed_blocks() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
   return impl_->streamed;

@@ -111,22 +111,30 @@ const char* to_string(ReadAhead r) {
 
 double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
                    std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream, int retain_block,
-                   std::uint64_t retained_bytes) {
+                   std::uint64_t retained_bytes, bool by_layer) {
   Prefix p(layers);
   struct Item {
     bool swapped;
     std::uint64_t bytes;
     double io, bind, ex, out;
     bool first = false;  // the rest of a block kept in part: read into the ring's first bytes
+    int i = 0, j = -1;   // its layers
+    bool layered = false;  // runs layer by layer as its bytes land, gives them back as it goes
   };
   std::vector<Item> items;
   size_t swapped = 0;
+  // Layer by layer (Note [Layer by layer] in assembly/src/executor.cpp): the deep ring only, not
+  // the block kept in part.
+  by_layer = by_layer && ring_depth == 0;
   for (size_t b = 0; b < blocks.size(); ++b) {
     const auto [i, j] = blocks[b];
     if (resident[b]) {
       items.push_back(Item{false, 0, 0, 0, p.ex(i, j), 0});
     } else {
       items.push_back(Item{true, p.b(i, j), p.io(i, j, m), p.bind(i, j, m), p.ex(i, j), p.out(i, j, m)});
+      items.back().i = i;
+      items.back().j = j;
+      items.back().layered = by_layer && static_cast<int>(b) != retain_block && items.back().bytes > kStreamPieceBytes;
       if (static_cast<int>(b) == retain_block && ring_depth == 0 && retained_bytes < items.back().bytes) {
         items.back().bytes -= retained_bytes;
         items.back().io -= m.alpha_ms_per_byte * static_cast<double>(retained_bytes);
@@ -143,18 +151,57 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   constexpr size_t kInferences = 4;
   const size_t total = kInferences * n;
   std::vector<double> read_done(total, 0), finish(total, 0);
+  // Layered items: when the read started (bytes then land at the disk's rate: read_start +
+  // fixed + alpha x), or, streamed, when each piece landed; and when each of its layers ended.
+  std::vector<double> read_start(total, 0);
+  std::vector<std::vector<double>> piece_done(total), layer_done(total);
   double t_compute = 0, t_read = 0;
   double ends[kInferences] = {};
   size_t next = 0;  // the next item the compute thread runs
+  auto fixed_ms = [&](const Item& it) {
+    return std::max(0.0, it.io - m.alpha_ms_per_byte * static_cast<double>(it.bytes));
+  };
+  // When the first x bytes of item g have landed.
+  auto landed = [&](size_t g, std::uint64_t x) {
+    const Item& it = items[g % n];
+    if (piece_done[g].empty()) {
+      return std::min(read_done[g], read_start[g] + fixed_ms(it) + m.alpha_ms_per_byte * static_cast<double>(x));
+    }
+    const size_t k = std::min<size_t>(piece_done[g].size(), (x + kStreamPieceBytes - 1) / kStreamPieceBytes);
+    double t = read_start[g];
+    for (size_t q = 0; q < k; ++q) t = std::max(t, piece_done[g][q]);
+    return t;
+  };
   auto compute_through = [&](size_t g) {
     for (; next <= g; ++next) {
       const Item& it = items[next % n];
       if (next % n == 0) t_compute += m.inference_ms;
-      if (it.swapped) t_compute = std::max(t_compute, read_done[next]) + it.bind;
-      t_compute += it.ex + it.out;
+      if (it.swapped && it.layered) {
+        // Its first layer's bytes, then each layer once its bytes (and those before it) landed.
+        layer_done[next].resize(static_cast<size_t>(it.j - it.i + 1));
+        t_compute = std::max(t_compute, landed(next, p.b(it.i, it.i))) + it.bind;
+        for (int l = it.i; l <= it.j; ++l) {
+          t_compute = std::max(t_compute, landed(next, p.b(it.i, l))) + layers[l].exec_ms;
+          layer_done[next][l - it.i] = t_compute;
+        }
+        t_compute += it.out;
+      } else {
+        if (it.swapped) t_compute = std::max(t_compute, read_done[next]) + it.bind;
+        t_compute += it.ex + it.out;
+      }
       finish[next] = t_compute;
       if (next % n == n - 1) ends[next / n] = t_compute;
     }
+  };
+  // When the byte at `x` of held item g is free: once its layer ended (layered), else once the
+  // item ended.
+  auto free_at_byte = [&](size_t g, std::uint64_t x) {
+    const Item& it = items[g % n];
+    if (!it.layered) return finish[g];
+    for (int l = it.i; l <= it.j; ++l) {
+      if (x < p.b(it.i, l)) return layer_done[g][l - it.i];
+    }
+    return finish[g];
   };
   // Swapped items read or being read, not yet executed, where the ring holds them: the
   // executor's contiguous ring (Note [Block ring] in allocator/src/ring.cpp), page-rounded, a
@@ -211,24 +258,36 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
       while (!held.empty() && (compute_through(held.front().g), finish[held.front().g] <= t_read)) pop(&room);
       if (!held.empty() && place(bytes, it.first) >= cap) {
         const std::uint64_t off = !it.first && wrapped && bytes <= cap - head ? head : 0;
-        std::vector<std::pair<double, std::uint64_t>> pieces;  // when its bytes are free, bytes
+        compute_through(held.back().g);  // when each block it waits for ends (all were read)
+        struct Piece {
+          double free_at;
+          std::uint64_t len;
+          size_t index;
+        };
+        std::vector<Piece> pieces;
         size_t last = 0;  // held entries up to this one (FIFO) go before the block is whole
         for (std::uint64_t at = 0; at < bytes; at += kStreamPieceBytes) {
           const std::uint64_t len = std::min(kStreamPieceBytes, bytes - at);
           double free_at = t_read;
           for (size_t i = 0; i < held.size(); ++i) {
             if (held[i].off < off + at + len && off + at < held[i].off + held[i].bytes) {
-              free_at = std::max(free_at, finish[held[i].g]);
+              // Its last byte this piece covers (page-rounded: the layer holding the page's end).
+              const std::uint64_t hi = std::min(off + at + len, held[i].off + held[i].bytes) - held[i].off;
+              free_at = std::max(free_at, free_at_byte(held[i].g, hi - 1));
               last = std::max(last, i + 1);
             }
           }
-          pieces.emplace_back(free_at, len);
+          pieces.push_back(Piece{free_at, len, pieces.size()});
         }
         std::stable_sort(pieces.begin(), pieces.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
-        const double fixed = std::max(0.0, it.io - m.alpha_ms_per_byte * static_cast<double>(it.bytes));
-        double t = std::max(t_read, room) + fixed;
-        for (const auto& [free_at, len] : pieces) t = std::max(t, free_at) + m.alpha_ms_per_byte * static_cast<double>(len);
+                         [](const Piece& a, const Piece& b) { return a.free_at < b.free_at; });
+        double t = std::max(t_read, room) + fixed_ms(it);
+        read_start[g] = t;
+        piece_done[g].assign(pieces.size(), 0);
+        for (const Piece& q : pieces) {
+          t = std::max(t, q.free_at) + m.alpha_ms_per_byte * static_cast<double>(q.len);
+          piece_done[g][q.index] = t;
+        }
         read_done[g] = t;
         t_read = t;
         for (size_t i = 0; i < last; ++i) pop(&room);
@@ -244,7 +303,8 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     const std::uint64_t off = at < cap ? at : 0;  // a block larger than the ring: as if alone
     held.push_back(Held{g, off, bytes});
     wrapped = ring_depth != 2 && held.size() > 1 && held.back().off <= held.front().off;
-    read_done[g] = std::max(t_read, room) + it.io;
+    read_start[g] = std::max(t_read, room);
+    read_done[g] = read_start[g] + it.io;
     t_read = read_done[g];
     held_bytes += bytes;
     head = off + bytes;

@@ -139,6 +139,11 @@ class SWAPNET_API BlockRing {
   std::uint64_t kept() const;
   // Whether no block older than the newest holds any of [p, p + bytes) (always, when none streams).
   bool range_free(const void* p, std::uint64_t bytes) const;
+  // Deep rings: the oldest block gives back its bytes before `p` (page-rounded down), once the
+  // layers those bytes hold have run (Note [Giving a block back layer by layer] in ring.cpp); a
+  // block streaming over them may then read there. Returns the bytes given back (0 when `p` is
+  // not inside the oldest block, or the ring is not deep).
+  std::uint64_t release_front_until(const void* p);
   void pop();    // releases the oldest block (swap-out: no write-back)
   void clear();  // releases every block
   std::size_t blocks() const;

@@ -249,6 +249,10 @@ struct ExecutorOptions {
   // they are popped (Note [Streaming into the ring] in allocator/src/ring.cpp); false: it waits
   // until its whole room is free (read-ahead "ring-whole", for comparison).
   bool stream = true;
+  // kRing on host memory: a block's layers run as their bytes land and give their ring bytes
+  // back as they end (Note [Layer by layer] in executor.cpp); false: block by block (read-ahead
+  // "ring-blocks", for comparison).
+  bool layer_by_layer = true;
 };
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
@@ -399,6 +403,16 @@ class SWAPNET_API Executor {
   std::uint64_t bytes_used() const;
   // Blocks read streamed into ring space older blocks still held, since open.
   std::uint64_t streamed_blocks() const;
+  // Layer-granular pipelining (Note [Layer by layer] in executor.cpp), since open: how long the
+  // executing thread waited for bytes to land (0 when reads always beat compute), layers that
+  // ran while the rest of their block was still being read, and ring bytes given back to the
+  // next blocks before the block holding them ended.
+  struct PipelineStats {
+    double read_wait_ms = 0;
+    std::uint64_t layers_started_early = 0;
+    std::uint64_t released_early_bytes = 0;
+  };
+  PipelineStats pipeline_stats() const;
   // Inputs whose activations were measured since open (Note [Dynamic shapes] in executor.cpp):
   // an inference whose inputs no recorded profile covers runs with weights at their least and
   // activations allowed the rest of the budget (past it the allocator refuses: the inference

@@ -103,12 +103,15 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // older blocks free as they end, as the executor reads it (Note [Streaming into the ring] in
 // allocator/src/ring.cpp); `stream` false: it waits for its whole room (read-ahead ring-whole).
 // `retain_block` >= 0 (depth 0): the first `retained_bytes` of that swapped block are kept, the
-// rest is read at the ring's start (Partition::retain_block).
+// rest is read at the ring's start (Partition::retain_block). `by_layer` (depth 0): a block's
+// layers run as their bytes land, and its bytes are free for a block streaming over them as its
+// layers end, as the executor does on host memory (Note [Layer by layer] in
+// assembly/src/executor.cpp); false: block by block (read-ahead ring-blocks).
 inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
                                const CostModel& m, bool stream = true, int retain_block = -1,
-                               std::uint64_t retained_bytes = 0);
+                               std::uint64_t retained_bytes = 0, bool by_layer = true);
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
