@@ -210,7 +210,13 @@ struct ExecutorHolder : torch::CustomClassHolder {
     std::lock_guard<std::mutex> lock(mu);
     if (!ex) return json{{"image", nullptr}, {"inferences", inferences}}.dump();
     const WeightMemory w = ex->weight_memory();
+    const Executor::PipelineStats ps = ex->pipeline_stats();
     return json{{"image", image},
+                // Note [Layer by layer] in executor.cpp, since open: waiting for reads, layers
+                // run while the rest of their block landed, ring bytes given back early.
+                {"read_wait_ms", ps.read_wait_ms},
+                {"layers_started_early", ps.layers_started_early},
+                {"released_early_bytes", ps.released_early_bytes},
                 {"bytes_read", ex->bytes_read()},
                 {"bytes_used", ex->bytes_used()},
                 {"weights_held", w.held},

@@ -5,7 +5,7 @@
     model = swapnet.Executor("resnet101.swapnet", budget="60MiB")
     y = model(x)                  # bit-identical to torch.jit.load("resnet101.pt")(x)
     model.budget = "40MiB"        # re-planned now; the next inference runs the new plan
-    model.plan, model.stats       # blocks, resident blocks, bytes read, weights held
+    model.plan, model.stats       # blocks, resident blocks, bytes read, weights held, read wait
 
     rt = swapnet.Runtime({"det": "yolov3.swapnet", "seg": "fcn.swapnet"}, budget="300MiB")
     out = rt("det", x)            # from any thread; each model has its own worker
