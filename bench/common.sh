@@ -19,6 +19,24 @@ pack_paper_models() {
       "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
   done
 }
+# The storage table's budget for an image: 1/3 of its bytes, or its minimum budget when larger.
+storage_budget() {
+  local img=$1 data minimum
+  data=$("$cli" inspect "$img" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])')
+  minimum=$("$cli" plan "$img" --budget "$data" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["min_budget_bytes"])')
+  echo $(( data / 3 > minimum ? data / 3 : minimum ))
+}
+# The device profile measured under the throttle RATE (bench/storage.sh writes it): prints its
+# path, measuring it first with CLI (default $cli) when it is missing.
+rate_profile() {
+  local rate=$1 with=${2:-$cli} prof
+  prof=$out/storage_profile_${rate//\//}.json
+  if [ ! -f "$prof" ]; then
+    bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$with" profile "$models/resnet101.swapnet" \
+      --input-shape "${shape[resnet101]}" -o "$prof" --json > /dev/null || return $?
+  fi
+  echo "$prof"
+}
 # Starts `swapnet serve SCENARIO [ARGS...]` in the background with a control socket in $work
 # (made and removed by the caller): sets serve_pid and sock, and waits for the socket (the models
 # load and their reference outputs are computed first); exits naming the error if it never

@@ -30,17 +30,10 @@ throttle=$repo/bench/throttle.sh
 rows=$out/stream$tag.jsonl
 : > "$rows"
 for rate in $rates; do
-  rtag=${rate//\//}
-  prof=$out/storage_profile_$rtag.json
-  if [ ! -f "$prof" ]; then
-    bash "$throttle" "$rate" --path "$models" -- "$cli" profile "$models/resnet101.swapnet" \
-      --input-shape "${shape[resnet101]}" -o "$prof" --json > /dev/null
-  fi
+  prof=$(rate_profile "$rate")
   for m in $list; do
     img=$models/$m.swapnet
-    data=$("$cli" inspect "$img" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])')
-    minimum=$("$cli" plan "$img" --budget "$data" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["min_budget_bytes"])')
-    budget=$(( data / 3 > minimum ? data / 3 : minimum ))
+    budget=$(storage_budget "$img")
     for r in $(seq "$rounds"); do
       for mode in $modes; do
         echo "bench/stream.sh: $m at $rate, $mode, round $r" >&2

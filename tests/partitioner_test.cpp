@@ -38,6 +38,17 @@ CostModel io_heavy() {
   return m;
 }
 
+// Worked examples: reads at `ms_per_byte`, layers' own times, no other cost.
+CostModel reads_and_compute_only(double ms_per_byte) {
+  CostModel m;
+  m.alpha_ms_per_byte = ms_per_byte;
+  m.beta_ms_per_tensor = 0;
+  m.block_ms = 0;
+  m.eta_ms_per_tensor = 0;
+  m.inference_ms = 0;
+  return m;
+}
+
 std::uint64_t total_bytes(const std::vector<LayerCost>& l) {
   std::uint64_t t = 0;
   for (const auto& x : l) t += x.bytes;
@@ -195,12 +206,7 @@ TEST(Partitioner, MinimumArenaIsTheLargestAdjacentPair) {
 // execution of 2 ms each (I/O bound), and the same with execution of 20 ms (compute bound).
 TEST(Partitioner, RingSimulationOnAWorkedExample) {
   constexpr std::uint64_t kB = 10 * 4096;  // a block: the ring holds whole pages
-  CostModel m;
-  m.alpha_ms_per_byte = 10.0 / kB;
-  m.beta_ms_per_tensor = 0;
-  m.block_ms = 0;
-  m.eta_ms_per_tensor = 0;
-  m.inference_ms = 0;
+  CostModel m = reads_and_compute_only(10.0 / kB);
   std::vector<LayerCost> l(3);
   for (auto& x : l) {
     x.bytes = kB;
@@ -232,12 +238,7 @@ TEST(Partitioner, RingSimulationOnAWorkedExample) {
 // layer runs: compute bound, 40 ms.
 TEST(Partitioner, RingSimulationLayerByLayer) {
   constexpr std::uint64_t kMiB = 1 << 20;
-  CostModel m;
-  m.alpha_ms_per_byte = 1.0 / kMiB;
-  m.beta_ms_per_tensor = 0;
-  m.block_ms = 0;
-  m.eta_ms_per_tensor = 0;
-  m.inference_ms = 0;
+  CostModel m = reads_and_compute_only(1.0 / kMiB);
   std::vector<LayerCost> l(4);
   for (auto& x : l) {
     x.bytes = 8 * kMiB;

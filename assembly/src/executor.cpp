@@ -833,11 +833,14 @@ struct Executor::Impl {
     read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
   }
-  // Cancels and waits for the executing block's pieces not waited for yet.
+  // Cancels and waits for the pieces of `f` not waited for yet (f.pieces[cur_waited..]).
+  void cancel_pieces_left(const Fetch& f) {
+    for (std::size_t i = cur_waited; i < f.pieces.size(); ++i) reader->cancel(f.pieces[i]);
+    for (; cur_waited < f.pieces.size(); ++cur_waited) (void)reader->wait(f.pieces[cur_waited]);
+  }
+  // The same for the executing block.
   void cancel_cur_pieces() {
-    if (!cur_from_fetch) return;
-    for (std::size_t i = cur_waited; i < cur_fetch.pieces.size(); ++i) reader->cancel(cur_fetch.pieces[i]);
-    for (; cur_waited < cur_fetch.pieces.size(); ++cur_waited) (void)reader->wait(cur_fetch.pieces[cur_waited]);
+    if (cur_from_fetch) cancel_pieces_left(cur_fetch);
   }
 
   // Waits for the front fetch, which must be block `b` of this inference.
@@ -858,10 +861,7 @@ struct Executor::Impl {
       Status st = by_layer ? wait_pieces(f, f.first) : timed_wait(f);
       if (!by_layer) cur_waited = f.pieces.size();
       if (!st.ok()) {
-        if (!f.pieces.empty()) {  // the pieces after a failed one may still be in flight
-          for (std::size_t i = cur_waited; i < f.pieces.size(); ++i) reader->cancel(f.pieces[i]);
-          for (; cur_waited < f.pieces.size(); ++cur_waited) (void)reader->wait(f.pieces[cur_waited]);
-        }
+        cancel_pieces_left(f);  // the pieces after a failed one may still be in flight
         if (f.resident && kept_state[b] == Kept::kLoading) kept_state[b] = Kept::kNone;
         if (!f.resident) ring_pop_now();
         throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(plan.blocks.size()) + ")");

@@ -152,7 +152,8 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   const size_t total = kInferences * n;
   std::vector<double> read_done(total, 0), finish(total, 0);
   // Layered items: when the read started (bytes then land at the disk's rate: read_start +
-  // fixed + alpha x), or, streamed, when each piece landed; and when each of its layers ended.
+  // fixed + alpha x), or, streamed, when pieces 0..q had all landed (piece_done[g][q]); and when
+  // each of its layers ended.
   std::vector<double> read_start(total, 0);
   std::vector<std::vector<double>> piece_done(total), layer_done(total);
   double t_compute = 0, t_read = 0;
@@ -168,9 +169,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
       return std::min(read_done[g], read_start[g] + fixed_ms(it) + m.alpha_ms_per_byte * static_cast<double>(x));
     }
     const size_t k = std::min<size_t>(piece_done[g].size(), (x + kStreamPieceBytes - 1) / kStreamPieceBytes);
-    double t = read_start[g];
-    for (size_t q = 0; q < k; ++q) t = std::max(t, piece_done[g][q]);
-    return t;
+    return k == 0 ? read_start[g] : std::max(read_start[g], piece_done[g][k - 1]);
   };
   auto compute_through = [&](size_t g) {
     for (; next <= g; ++next) {
@@ -198,10 +197,10 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   auto free_at_byte = [&](size_t g, std::uint64_t x) {
     const Item& it = items[g % n];
     if (!it.layered) return finish[g];
-    for (int l = it.i; l <= it.j; ++l) {
-      if (x < p.b(it.i, l)) return layer_done[g][l - it.i];
-    }
-    return finish[g];
+    // The first layer l of the item whose bytes end past x: bytes[l + 1] > bytes[i] + x.
+    const auto end = p.bytes.begin() + it.j + 2;
+    const auto at = std::upper_bound(p.bytes.begin() + it.i + 1, end, p.bytes[it.i] + x);
+    return at == end ? finish[g] : layer_done[g][static_cast<size_t>(at - p.bytes.begin() - 1 - it.i)];
   };
   // Swapped items read or being read, not yet executed, where the ring holds them: the
   // executor's contiguous ring (Note [Block ring] in allocator/src/ring.cpp), page-rounded, a
@@ -288,6 +287,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
           t = std::max(t, q.free_at) + m.alpha_ms_per_byte * static_cast<double>(q.len);
           piece_done[g][q.index] = t;
         }
+        for (size_t q = 1; q < piece_done[g].size(); ++q) piece_done[g][q] = std::max(piece_done[g][q], piece_done[g][q - 1]);
         read_done[g] = t;
         t_read = t;
         for (size_t i = 0; i < last; ++i) pop(&room);
