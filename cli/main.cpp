@@ -117,7 +117,9 @@ int main(int argc, char** argv) {
                   "ring (default: as many blocks ahead as the budget holds, into the next inference; a block "
                   "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "
                   "block waiting for its whole room) | ring-blocks (the same, a block's layers waiting for all "
-                  "of it and holding all of it until its last layer ran) | paper (two blocks, one inference at a time)");
+                  "of it and holding all of it until its last layer ran) | ring-reserved (the same as ring, the activation "
+                  "reserve kept for activations all the time instead of lent to blocks where they leave it) | paper "
+                  "(two blocks, one inference at a time)");
   add_common(run, common, true, false);
 
   std::string budget, profile_path;

@@ -286,13 +286,17 @@ TEST(BlockRing, KeptBytesPrecedeTheRingAndABlockFollowsThemAtItsStart) {
 // Random pushes, streamed pushes, pops and (with `release_fronts`) fronts given back page by
 // page: used() is the union of what the blocks hold, range_free() says exactly where older
 // blocks hold nothing, and blocks never overlap while none streams.
-void random_streamed_use(bool release_fronts) {
+void random_streamed_use(bool release_fronts, std::uint64_t zone_pages = 0) {
   const std::uint64_t P = 4096, cap = 61 * P;
-  auto ring = BlockRing::create(cap, MemoryKind::kHost);
+  // zone_pages: Note [Lending the activation reserve]: every push may end up to a random limit
+  // in the zone; zone bytes held count as lent, not used.
+  auto ring = BlockRing::create(cap, MemoryKind::kHost, true, 0, zone_pages * P);
   const MemoryStats before = memory_stats();
   std::mt19937 rng(11);
   std::deque<std::pair<std::uint64_t, std::uint64_t>> held;  // offset, pages
   int streamed = 0, released = 0;
+  bool lent_any = false;
+  int lent_streamed = 0;  // streamed blocks ending in the zone
   for (int i = 0; i < 5000; ++i) {
     const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, 61)(rng);
     if (release_fronts && rng() % 3 == 0 && !held.empty() && held.front().second > 1) {
@@ -304,22 +308,30 @@ void random_streamed_use(bool release_fronts) {
       held.front().second -= k * P / P;
       ++released;
     } else if (rng() % 2 == 0 && !ring->streaming()) {
-      const bool fits = ring->fits(pages * P);
-      char* p = static_cast<char*>(fits ? ring->push(pages * P) : ring->push_streamed(pages * P));
+      const std::uint64_t limit = cap + (zone_pages ? rng() % (zone_pages + 1) : 0) * P;
+      const bool fits = ring->fits(pages * P, limit);
+      char* p = static_cast<char*>(fits ? ring->push(pages * P, limit) : ring->push_streamed(pages * P, limit));
       if (p != nullptr) {
         streamed += !fits;
         held.emplace_back(static_cast<std::uint64_t>(p - ring->base()), pages);
+        ASSERT_LE(held.back().first + pages * P, limit) << i << ": a block ends past its limit";
+        lent_any |= held.back().first + pages * P > cap;
+        lent_streamed += !fits && held.back().first + pages * P > cap;
       }
     } else if (!held.empty()) {
       ring->pop();
       held.pop_front();
     }
-    std::vector<char> page(61, 0);
+    std::vector<char> page(61 + zone_pages, 0);
     for (const auto& [o, n] : held) {
-      ASSERT_LE(o + n * P, cap);
+      ASSERT_LE(o + n * P, cap + zone_pages * P);
       for (std::uint64_t k = 0; k < n; ++k) page[o / P + k] = 1;
     }
-    EXPECT_EQ(ring->used(), static_cast<std::uint64_t>(std::count(page.begin(), page.end(), 1)) * P) << i;
+    EXPECT_EQ(ring->used(), static_cast<std::uint64_t>(std::count(page.begin(), page.begin() + 61, 1)) * P) << i;
+    EXPECT_EQ(ring->lent_bytes(), static_cast<std::uint64_t>(std::count(page.begin() + 61, page.end(), 1)) * P) << i;
+    std::uint64_t end = 0;
+    for (const auto& [o, n] : held) end = std::max(end, o + n * P);
+    EXPECT_EQ(ring->held_end(), end) << i;
     EXPECT_EQ(memory_stats().current - before.current, ring->used()) << i;
     if (!held.empty()) {
       const auto [o, n] = held.back();
@@ -343,11 +355,15 @@ void random_streamed_use(bool release_fronts) {
   }
   EXPECT_GT(streamed, 200);
   if (release_fronts) EXPECT_GT(released, 500);
+  EXPECT_EQ(lent_any, zone_pages > 0);
+  if (zone_pages > 0) EXPECT_GT(lent_streamed, 20);
 }
 
 TEST(BlockRing, RandomStreamedUseCountsEveryByteOnce) { random_streamed_use(false); }
 
 TEST(BlockRing, RandomUseWithFrontsGivenBackCountsEveryByteOnce) { random_streamed_use(true); }
+
+TEST(BlockRing, RandomUseLendingAZoneCountsEveryByteOnceAndKeepsEachLimit) { random_streamed_use(true, 23); }
 
 TEST(BlockRing, TheOldestBlockGivesBackItsFrontForTheBlockStreamingOverIt) {
   const std::uint64_t P = 4096;

@@ -54,6 +54,19 @@
 // is free for the others the rest of the time. The kept bytes are read once (the block's first
 // read is whole) and count as used from the ring's creation.
 //
+// Note [Lending the activation reserve]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A plan reserves its activations' peak for the whole inference, yet most layers use a fraction
+// of it (yolov3: 57 MiB while its first layers run, 27 MiB or less from layer 9 on). A ring may
+// be created with `lend` bytes more after its last byte: the *zone*, where the executor places
+// the model's activations (the CPU meter's region for its account, filled from the top down)
+// and lends what they leave to blocks whose whole stay in the ring falls where activations are
+// small (Note [Lending the activation reserve] in assembly/src/executor.cpp says how it decides).
+// push(bytes, limit) places a block only below `limit` (capacity() <= limit <= capacity() +
+// lend()); streamed blocks and the block kept in part stay below capacity(). The ring's
+// accounting counts only the bytes of blocks below capacity(): the zone is the activation
+// reserve the budget already holds, whoever uses it (lent_bytes() says how much blocks do).
+//
 // Memory the GPU reads in place (managed, or registered) keeps the two-ended arena
 // (Note [Two-ended arena]) unless `deep` is asked: at most two blocks, at opposite ends, the
 // paper's pipeline, which still guarantees progress whenever any two consecutive blocks fit.
@@ -69,6 +82,7 @@ namespace swapnet {
 namespace {
 
 constexpr std::uint64_t kPage = 4096;  // bytes
+constexpr std::uint64_t kNoFit = ~std::uint64_t{0};
 std::uint64_t page_up(std::uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 
 }  // namespace
@@ -77,7 +91,8 @@ struct BlockRing::Impl {
   MemoryKind kind = MemoryKind::kHost;
   std::uint64_t capacity = 0;
   std::uint64_t kept = 0;        // bytes before the ring (Note [Keeping part of a block])
-  std::unique_ptr<Arena> arena;  // the memory (two-ended: its two ends); deep: kept + capacity
+  std::uint64_t lend = 0;        // the zone after it (Note [Lending the activation reserve])
+  std::shared_ptr<Arena> arena;  // the memory (two-ended: its two ends); deep: kept + capacity + lend
   char* base() const { return arena->base() + kept; }
   bool deep = false;             // a contiguous ring; else two-ended
   // Contiguous ring: where the next block goes after the newest, and whether the newest blocks
@@ -91,15 +106,58 @@ struct BlockRing::Impl {
   std::deque<Entry> fifo;
   std::uint64_t used = 0;     // the union of the blocks' bytes
   std::uint64_t overlap = 0;  // bytes of a streamed newest block that older ones still hold
+  std::uint64_t lent = 0;     // bytes of blocks in the zone (not in `used` or the accounting)
 
-  // Bytes of [off, off + bytes) that blocks other than the newest hold.
-  std::uint64_t held_by_older(std::uint64_t off, std::uint64_t bytes) const {
+  // The part of [off, off + bytes) in the zone.
+  std::uint64_t in_zone(std::uint64_t off, std::uint64_t bytes) const {
+    const std::uint64_t a = std::max(off, capacity), b = off + bytes;
+    return b > a ? b - a : 0;
+  }
+  // Accounts a block entering (+) or leaving (-) the ring: zone bytes as lent.
+  void enter(std::uint64_t off, std::uint64_t bytes) {
+    const std::uint64_t z = in_zone(off, bytes);
+    lent += z;
+    used += bytes - z;
+    account_memory(static_cast<std::int64_t>(bytes - z));
+  }
+  void leave(std::uint64_t off, std::uint64_t bytes) {
+    const std::uint64_t z = in_zone(off, bytes);
+    lent -= z;
+    used -= bytes - z;
+    account_memory(-static_cast<std::int64_t>(bytes - z));
+  }
+
+  // Bytes of [off, off + bytes) that the `count` oldest blocks hold.
+  std::uint64_t held_by(std::uint64_t off, std::uint64_t bytes, size_t count) const {
     std::uint64_t n = 0;
-    for (size_t i = 0; i + 1 < fifo.size(); ++i) {
+    for (size_t i = 0; i < count && i < fifo.size(); ++i) {
       const std::uint64_t a = std::max(off, fifo[i].offset), b = std::min(off + bytes, fifo[i].offset + fifo[i].bytes);
       if (a < b) n += b - a;
     }
     return n;
+  }
+  // ... that blocks other than the newest hold.
+  std::uint64_t held_by_older(std::uint64_t off, std::uint64_t bytes) const {
+    return fifo.empty() ? 0 : held_by(off, bytes, fifo.size() - 1);
+  }
+  // An older block gives up [off, off + n): what a streamed newest block shares stays held (by
+  // it); the rest leaves `lent` (zone bytes) or `used` and the accounting.
+  void give_up(std::uint64_t off, std::uint64_t n) {
+    std::uint64_t shared = 0, shared_zone = 0;
+    if (overlap > 0 && fifo.size() > 0) {
+      const Entry& s = fifo.back();
+      const std::uint64_t a = std::max(off, s.offset), b = std::min(off + n, s.offset + s.bytes);
+      if (a < b) {
+        shared = b - a;
+        shared_zone = in_zone(a, shared);
+      }
+    }
+    const std::uint64_t z = in_zone(off, n);
+    lent -= z - shared_zone;
+    const std::uint64_t below = (n - z) - (shared - shared_zone);
+    used -= below;
+    overlap -= shared;
+    account_memory(-static_cast<std::int64_t>(below));
   }
   // Blocks in FIFO order from the oldest: wrapped when the newest does not lie after it (a
   // streamed newest block may start where the oldest does).
@@ -118,27 +176,33 @@ struct BlockRing::Impl {
     }
     return false;
   }
-  // Deep: where a block of `bytes` goes now, or capacity when it does not fit.
-  std::uint64_t slot(std::uint64_t bytes) const {
-    if (fifo.empty()) return bytes <= capacity ? 0 : capacity;
+  // Deep: where a block of `bytes` ending at most at `limit` goes now, or kNoFit.
+  std::uint64_t slot(std::uint64_t bytes, std::uint64_t limit) const {
+    if (fifo.empty()) return bytes <= limit ? 0 : kNoFit;
     const std::uint64_t oldest = fifo.front().offset;
-    if (wrapped) return bytes <= oldest - head ? head : capacity;
-    if (bytes <= capacity - head) return head;
-    return bytes <= oldest ? 0 : capacity;
+    const std::uint64_t below = std::min(oldest, limit);
+    if (wrapped) return head <= below && bytes <= below - head ? head : kNoFit;
+    if (head <= limit && bytes <= limit - head) return head;
+    return bytes <= below ? 0 : kNoFit;
   }
+  std::uint64_t clamp(std::uint64_t limit) const { return std::min(std::max(limit, capacity), capacity + lend); }
 };
 
-std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind, bool deep, std::uint64_t kept) {
+std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind kind, bool deep, std::uint64_t kept,
+                                             std::uint64_t lend) {
   capacity = page_up(capacity);
   kept = page_up(kept);
+  lend = page_up(lend);
   if (capacity == 0) throw Error("block ring: capacity must be positive");
   auto impl = std::make_unique<Impl>();
   const bool host = kind == MemoryKind::kHost || (kind == MemoryKind::kManaged && !cuda_device().usable);
   if (kept > 0 && !(deep && host)) throw Error("block ring: kept bytes need a deep ring in host memory");
-  impl->arena = Arena::create(kept + capacity, kind);
+  if (lend > 0 && !(deep && host)) throw Error("block ring: a zone to lend needs a deep ring in host memory");
+  impl->arena = Arena::create(kept + capacity + lend, kind);
   impl->kind = impl->arena->kind();
   impl->kept = kept;
-  impl->capacity = impl->arena->capacity() - kept;
+  impl->lend = lend;
+  impl->capacity = impl->arena->capacity() - kept - lend;
   impl->deep = deep && host;
   if (kept > 0) account_memory(static_cast<std::int64_t>(kept));
   return std::unique_ptr<BlockRing>(new BlockRing(std::move(impl)));
@@ -156,28 +220,41 @@ std::uint64_t BlockRing::used() const { return impl_->used + impl_->kept; }
 char* BlockRing::base() const { return impl_->base(); }
 char* BlockRing::kept_begin() const { return impl_->arena->base(); }
 std::uint64_t BlockRing::kept() const { return impl_->kept; }
+std::uint64_t BlockRing::lend() const { return impl_->lend; }
+char* BlockRing::zone_begin() const { return impl_->base() + impl_->capacity; }
+std::uint64_t BlockRing::lent_bytes() const { return impl_->lent; }
+std::shared_ptr<void> BlockRing::memory() const { return impl_->arena; }
+std::uint64_t BlockRing::held_end() const {
+  std::uint64_t e = 0;
+  for (const Impl::Entry& x : impl_->fifo) e = std::max(e, x.offset + x.bytes);
+  return impl_->deep ? e : 0;
+}
 
 char* BlockRing::device_address(void* p) const {
   return impl_->arena->device_base() + (static_cast<char*>(p) - impl_->arena->base());
 }
 
-bool BlockRing::fits(std::uint64_t bytes) const {
+bool BlockRing::fits(std::uint64_t bytes) const { return fits(bytes, impl_->capacity); }
+
+bool BlockRing::fits(std::uint64_t bytes, std::uint64_t limit) const {
   const Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (m.deep) return m.overlap == 0 && m.slot(bytes) < m.capacity;
+  if (m.deep) return m.overlap == 0 && m.slot(bytes, m.clamp(limit)) != kNoFit;
   if (m.fifo.size() >= 2) return false;
   return bytes <= m.capacity - m.used;
 }
 
-void* BlockRing::push(std::uint64_t bytes) {
+void* BlockRing::push(std::uint64_t bytes) { return push(bytes, impl_->capacity); }
+
+void* BlockRing::push(std::uint64_t bytes, std::uint64_t limit) {
   Impl& m = *impl_;
   bytes = page_up(bytes);
-  if (!fits(bytes)) return nullptr;
+  if (!fits(bytes, limit)) return nullptr;
   void* p = nullptr;
   Impl::Entry e;
   e.bytes = bytes;
   if (m.deep) {
-    e.offset = m.slot(bytes);
+    e.offset = m.slot(bytes, m.clamp(limit));
     p = m.base() + e.offset;
     m.head = e.offset + bytes;
   } else {
@@ -188,10 +265,11 @@ void* BlockRing::push(std::uint64_t bytes) {
     if (p == nullptr) return nullptr;
   }
   m.fifo.push_back(e);
-  m.used += bytes;
   if (m.deep) {
+    m.enter(e.offset, bytes);
     m.set_wrapped();
-    account_memory(static_cast<std::int64_t>(bytes));  // the arena accounts its own
+  } else {
+    m.used += bytes;  // the arena accounts its own
   }
   return p;
 }
@@ -201,10 +279,9 @@ void* BlockRing::push_first(std::uint64_t bytes) {
   bytes = page_up(bytes);
   if (!m.may_stream(bytes) || m.start_held(bytes)) return nullptr;
   m.fifo.push_back(Impl::Entry{0, bytes});
-  m.used += bytes;
+  m.enter(0, bytes);
   m.head = bytes;
   m.set_wrapped();
-  account_memory(static_cast<std::int64_t>(bytes));
   return m.base();
 }
 
@@ -214,14 +291,25 @@ void* BlockRing::push_first_streamed(std::uint64_t bytes) {
   return impl_->may_stream(bytes) ? impl_->push_over(0, bytes) : nullptr;
 }
 
-void* BlockRing::push_streamed(std::uint64_t bytes) {
+void* BlockRing::push_streamed(std::uint64_t bytes) { return push_streamed(bytes, impl_->capacity); }
+
+void* BlockRing::push_streamed(std::uint64_t bytes, std::uint64_t limit) {
   Impl& m = *impl_;
   bytes = page_up(bytes);
+  limit = m.clamp(limit) / kPage * kPage;
   if (!m.may_stream(bytes)) return nullptr;
-  if (m.fifo.empty() || m.slot(bytes) < m.capacity) return push(bytes);
+  if (m.fifo.empty() || m.slot(bytes, limit) != kNoFit) return push(bytes, limit);
   // After the newest block when the ring has wrapped and it fits before the end (the bytes it
-  // waits for are then the oldest blocks'), else from the start.
-  return m.push_over(m.wrapped && bytes <= m.capacity - m.head ? m.head : 0, bytes);
+  // waits for are then the oldest blocks'), else from the start; or ending at `limit`, in the
+  // zone, where fewer of its bytes wait for older blocks (Note [Lending the activation reserve]).
+  std::uint64_t off = m.wrapped && m.head <= m.capacity && bytes <= m.capacity - m.head ? m.head : 0;
+  // (Only where the ring has not wrapped and it starts at or after the oldest block: the blocks
+  // it does not overlap then lie before it, in ring order.)
+  if (limit > m.capacity && bytes <= limit && !m.wrapped && limit - bytes >= m.fifo.front().offset &&
+      m.held_by(limit - bytes, bytes, m.fifo.size()) < m.held_by(off, bytes, m.fifo.size())) {
+    off = limit - bytes;
+  }
+  return m.push_over(off, bytes);
 }
 
 // A block at `offset` over bytes older blocks still hold (Note [Streaming into the ring]).
@@ -232,7 +320,12 @@ void* BlockRing::Impl::push_over(std::uint64_t offset, std::uint64_t bytes) {
   e.offset = offset;
   m.fifo.push_back(e);
   m.overlap = m.held_by_older(e.offset, bytes);
-  const std::uint64_t added = bytes - m.overlap;
+  // The bytes older blocks do not hold are new: in the zone, lent; below it, used.
+  const std::uint64_t z = m.in_zone(offset, bytes);
+  const std::uint64_t zs = std::max(offset, m.capacity);
+  const std::uint64_t overlap_zone = z > 0 ? m.held_by_older(zs, offset + bytes - zs) : 0;
+  m.lent += z - overlap_zone;
+  const std::uint64_t added = (bytes - z) - (m.overlap - overlap_zone);
   m.used += added;
   m.head = e.offset + bytes;
   m.set_wrapped();
@@ -258,20 +351,16 @@ std::uint64_t BlockRing::release_front_until(const void* p) {
   const std::uint64_t off = static_cast<std::uint64_t>(c - m.base()) / kPage * kPage;
   if (off <= e.offset || off >= e.offset + e.bytes) return 0;
   const std::uint64_t n = off - e.offset;
-  std::uint64_t freed = n;
-  // Bytes a streamed newest block shares with this prefix stay held (by it).
-  if (m.overlap > 0 && m.fifo.size() > 1) {
-    const Impl::Entry& s = m.fifo.back();
-    const std::uint64_t a = std::max(e.offset, s.offset), b = std::min(e.offset + n, s.offset + s.bytes);
-    if (a < b) {
-      freed -= b - a;
-      m.overlap -= b - a;
-    }
+  if (m.fifo.size() > 1) {
+    m.give_up(e.offset, n);
+  } else {  // the only block: nothing streams over it
+    const std::uint64_t z = m.in_zone(e.offset, n);
+    m.lent -= z;
+    m.used -= n - z;
+    account_memory(-static_cast<std::int64_t>(n - z));
   }
   e.offset += n;
   e.bytes -= n;
-  m.used -= freed;
-  account_memory(-static_cast<std::int64_t>(freed));
   m.set_wrapped();
   return n;
 }
@@ -282,18 +371,7 @@ void BlockRing::pop() {
   const Impl::Entry e = m.fifo.front();
   m.fifo.pop_front();
   if (m.deep) {
-    // Bytes a streamed newest block shares with this one stay held (by it).
-    std::uint64_t freed = e.bytes;
-    if (m.overlap > 0) {
-      const Impl::Entry& s = m.fifo.back();
-      const std::uint64_t a = std::max(e.offset, s.offset), b = std::min(e.offset + e.bytes, s.offset + s.bytes);
-      if (a < b) {
-        freed -= b - a;
-        m.overlap -= b - a;
-      }
-    }
-    m.used -= freed;
-    account_memory(-static_cast<std::int64_t>(freed));
+    m.give_up(e.offset, e.bytes);
     if (m.fifo.empty()) {
       m.head = 0;  // start over at the beginning: fewer pages touched, no tail lost
       m.wrapped = false;
@@ -317,7 +395,7 @@ void BlockRing::discard_except(const std::vector<std::pair<const char*, std::uin
   for (const auto& [p, bytes] : keep) {
     if (bytes == 0) continue;
     const std::uint64_t off = static_cast<std::uint64_t>(p - base);
-    kept.emplace_back(off / kPage * kPage, std::min(page_up(off + bytes), m.kept + m.capacity));
+    kept.emplace_back(off / kPage * kPage, std::min(page_up(off + bytes), m.kept + m.capacity + m.lend));
   }
   std::sort(kept.begin(), kept.end());
   std::uint64_t at = 0;
@@ -325,7 +403,7 @@ void BlockRing::discard_except(const std::vector<std::pair<const char*, std::uin
     if (a > at) m.arena->discard(at, a - at);
     at = std::max(at, b);
   }
-  if (m.kept + m.capacity > at) m.arena->discard(at, m.kept + m.capacity - at);
+  if (m.kept + m.capacity + m.lend > at) m.arena->discard(at, m.kept + m.capacity + m.lend - at);
 }
 
 }  // namespace swapnet

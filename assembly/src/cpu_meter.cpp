@@ -34,6 +34,10 @@ struct Account {
   // a new input (Note [Dynamic shapes]) never runs past the budget.
   std::atomic<std::uint64_t> limit{0};
   std::atomic<bool> refused{false};
+  // Bytes not placed in a zone (Note [Lending the activation reserve] in executor.cpp), now and
+  // the most since the zone's last reset: they share the reserve with the zone's chunks.
+  std::atomic<std::uint64_t> unzoned{0};
+  std::atomic<std::uint64_t> unzoned_peak{0};
 };
 constexpr int kMaxAccounts = 256;
 Account g_accounts[kMaxAccounts];
@@ -71,24 +75,59 @@ struct Region {
   std::size_t live = 0;                        // bytes placed
   std::map<std::size_t, std::size_t> holes;    // offset -> length, coalesced
   bool retired = false;
+  // A zone (Note [Lending the activation reserve] in executor.cpp): a ring's memory, kept mapped
+  // by `owner` while chunks live in it; the ring lends the bytes below `floor` to blocks.
+  std::shared_ptr<void> owner;
+  std::uint64_t id = 0;
+  std::size_t floor = 0;    // nothing is placed below it
+  std::size_t prefer = 0;   // placed at or above it when a hole there fits
+  std::size_t low = 0;      // the lowest offset live since the last reset
+  std::uint64_t lent = 0;   // bytes the ring lends blocks now
+  std::uint64_t peak = 0;   // the most live + lent since the last reset
+  std::uint64_t misses = 0; // allocations that did not fit above the floor
 
-  explicit Region(std::size_t bytes) : size(bytes) { holes.emplace(0, bytes); }
+  // Whole 64-byte units (chunks are placed from the top: their offsets stay aligned).
+  explicit Region(std::size_t bytes) : size(bytes / 64 * 64), low(size) { holes.emplace(0, size); }
+  Region(char* at, std::size_t bytes, std::shared_ptr<void> keep, std::uint64_t zone)
+      : base(at), size(bytes / 64 * 64), owner(std::move(keep)), id(zone), low(size) {
+    holes.emplace(0, size);
+  }
+  // The lowest offset a chunk holds (size when none).
+  std::size_t lowest_live() const {
+    if (holes.empty()) return 0;
+    return holes.begin()->first == 0 ? holes.begin()->second : 0;
+  }
+  // Best fit among the holes that hold `len` at or above `at`, placed at the hole's top: the
+  // chunks pack against the region's end, so a zone's low bytes stay free for the ring.
   char* place(std::size_t len) {
-    auto best = holes.end();
-    for (auto it = holes.begin(); it != holes.end(); ++it) {
-      if (it->second >= len && (best == holes.end() || it->second < best->second)) best = it;
+    auto pick = [&](std::size_t at) {
+      auto best = holes.end();
+      for (auto it = holes.begin(); it != holes.end(); ++it) {
+        if (it->second >= len && it->first + it->second - len >= at &&
+            (best == holes.end() || it->second < best->second)) {
+          best = it;
+        }
+      }
+      return best;
+    };
+    auto best = pick(std::max(prefer, floor));
+    if (best == holes.end() && prefer > floor) best = pick(floor);
+    if (best == holes.end()) {
+      ++misses;
+      return nullptr;
     }
-    if (best == holes.end()) return nullptr;
     if (base == nullptr) {  // mapped at first use: a cap costs nothing until the model runs
       void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED) return nullptr;
       base = static_cast<char*>(p);
     }
-    const std::size_t off = best->first;
-    const std::size_t rest = best->second - len;
+    const std::size_t hole = best->first;
+    const std::size_t off = best->first + best->second - len;
     holes.erase(best);
-    if (rest > 0) holes.emplace(off + len, rest);
+    if (off > hole) holes.emplace(hole, off - hole);
     live += len;
+    low = std::min(low, off);
+    peak = std::max<std::uint64_t>(peak, live + lent);
     return base + off;
   }
   void give_back(char* p, std::size_t len) {
@@ -108,8 +147,19 @@ struct Region {
     }
     holes.emplace(off, len);
   }
+  // A zone retired with chunks still live: the pages of its holes go back now (the ring that
+  // lent them is gone or replaced; what stays mapped is what is live).
+  void give_holes_back() {
+    if (!owner || base == nullptr) return;
+    constexpr std::size_t kPage = 4096;
+    for (const auto& [off, len] : holes) {
+      const std::uintptr_t a = (reinterpret_cast<std::uintptr_t>(base + off) + kPage - 1) / kPage * kPage;
+      const std::uintptr_t e = reinterpret_cast<std::uintptr_t>(base + off + len) / kPage * kPage;
+      if (e > a) (void)::madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);  // advisory
+    }
+  }
   ~Region() {
-    if (base) ::munmap(base, size);
+    if (base && !owner) ::munmap(base, size);
   }
 };
 
@@ -133,6 +183,10 @@ struct Header {
   std::uint64_t len;
 };
 static_assert(sizeof(Header) <= kHeader, "the header fits before the data");
+constexpr std::uint32_t kZoned = 1;  // Header::pad: placed in a ring's zone
+// Zone bytes lent to blocks now (all zones), and the most of allocations + those at once.
+std::atomic<std::uint64_t> g_cpu_lent{0};
+std::atomic<std::uint64_t> g_cpu_peak_with_lent{0};
 
 char* cache_allocate(Header& h) {
   Cache& c = g_caches[h.account];
@@ -147,6 +201,7 @@ char* cache_allocate(Header& h) {
   ++c.hits;
   h.region = c.region.get();
   h.len = len;
+  if (c.region->owner) h.pad |= kZoned;
   return p;
 }
 
@@ -167,7 +222,10 @@ void meter_free(void* data) {
   Header h;
   std::memcpy(&h, base, sizeof h);
   g_cpu_current.fetch_sub(h.bytes);
-  if (h.account > 0) g_accounts[h.account].current.fetch_sub(h.bytes);
+  if (h.account > 0) {
+    g_accounts[h.account].current.fetch_sub(h.bytes);
+    if (!(h.pad & kZoned)) g_accounts[h.account].unzoned.fetch_sub(h.bytes);
+  }
   if (h.region != nullptr) {
     cache_free(h, base);
   } else {
@@ -204,7 +262,13 @@ class MeterAllocator final : public c10::Allocator {
       }
     }
     std::memcpy(base, &h, sizeof h);
-    raise_peak(g_cpu_peak, g_cpu_current.fetch_add(n) + n);
+    if (account > 0 && !(h.pad & kZoned)) {
+      Account& a = g_accounts[account];
+      raise_peak(a.unzoned_peak, a.unzoned.fetch_add(n) + n);
+    }
+    const std::uint64_t now = g_cpu_current.fetch_add(n) + n;
+    raise_peak(g_cpu_peak, now);
+    raise_peak(g_cpu_peak_with_lent, now + g_cpu_lent.load());
     void* data = base + kHeader;
     return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
   }
@@ -213,16 +277,25 @@ class MeterAllocator final : public c10::Allocator {
 
 }  // namespace
 
+namespace {
+MeterAllocator& meter_allocator() {
+  static MeterAllocator meter;
+  return meter;
+}
+}  // namespace
+
 void install_cpu_meter() {
   static std::once_flag once;
-  std::call_once(once, [] {
-    static MeterAllocator meter;
-    c10::SetCPUAllocator(&meter, /*priority=*/1);
-  });
+  std::call_once(once, [] { c10::SetCPUAllocator(&meter_allocator(), /*priority=*/1); });
 }
 
-CpuMeterStats cpu_meter() { return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load()}; }
-void reset_cpu_meter_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+CpuMeterStats cpu_meter() {
+  return CpuMeterStats{g_cpu_current.load(), g_cpu_peak.load(), g_cpu_lent.load(), g_cpu_peak_with_lent.load()};
+}
+void reset_cpu_meter_peak() {
+  g_cpu_peak.store(g_cpu_current.load());
+  g_cpu_peak_with_lent.store(g_cpu_current.load() + g_cpu_lent.load());
+}
 
 int new_cpu_account() {
   int a = g_next_account.fetch_add(1);
@@ -247,20 +320,35 @@ void reset_cpu_account_peak(int account) {
 }
 
 
+namespace {
+// Replaces the account's region (c.mu held); the old one goes with its last chunk (cache_free),
+// or now (returned, to be freed after the lock is dropped).
+std::unique_ptr<Region> replace_region(Cache& c, std::unique_ptr<Region> region) {
+  std::unique_ptr<Region> old = std::move(c.region);
+  c.region = std::move(region);
+  if (old) {  // a zone detached lends nothing any more
+    g_cpu_lent.fetch_sub(old->lent);
+    old->lent = 0;
+  }
+  if (old && old->live > 0) {  // owned by its last chunk from now on (cache_free)
+    old->retired = true;
+    old->give_holes_back();
+    c.retired_live += old->live;
+    old.release();
+  }
+  return old;
+}
+std::atomic<std::uint64_t> g_next_zone{1};
+}  // namespace
+
 void set_cpu_account_cache(int account, std::uint64_t cap) {
   if (account <= 0 || account >= kMaxAccounts) return;
   Cache& c = g_caches[account];
   std::unique_ptr<Region> old;
   {
     std::lock_guard<std::mutex> lk(c.mu);
-    if (c.region && c.region->size == cap) return;
-    old = std::move(c.region);
-    if (cap > 0) c.region = std::make_unique<Region>(cap);
-    if (old && old->live > 0) {  // owned by its last chunk from now on (cache_free)
-      old->retired = true;
-      c.retired_live += old->live;
-      old.release();
-    }
+    if (c.region && c.region->size == cap) return;  // a zone of the same size serves as the cache
+    old = replace_region(c, cap > 0 ? std::make_unique<Region>(cap) : nullptr);
   }
 }
 
@@ -285,6 +373,58 @@ ActivationCacheStats cpu_account_cache(int account) {
 }
 
 namespace detail {
+bool cpu_meter_active() {
+  install_cpu_meter();
+  return c10::GetCPUAllocator() == &meter_allocator();
+}
+std::uint64_t set_cpu_account_zone(int account, char* base, std::uint64_t bytes, std::shared_ptr<void> owner) {
+  if (account <= 0 || account >= kMaxAccounts || base == nullptr || bytes == 0) return 0;
+  Cache& c = g_caches[account];
+  const std::uint64_t id = g_next_zone.fetch_add(1);
+  std::unique_ptr<Region> old;
+  {
+    std::lock_guard<std::mutex> lk(c.mu);
+    old = replace_region(c, std::make_unique<Region>(base, bytes, std::move(owner), id));
+  }
+  return id;
+}
+void set_cpu_zone(int account, std::uint64_t id, std::uint64_t floor, std::uint64_t prefer, std::uint64_t lent) {
+  if (account <= 0 || account >= kMaxAccounts) return;
+  Cache& c = g_caches[account];
+  std::lock_guard<std::mutex> lk(c.mu);
+  Region* r = c.region.get();
+  if (r == nullptr || r->id != id || id == 0) return;
+  r->floor = std::min<std::size_t>(floor, r->size);
+  r->prefer = std::min<std::size_t>(prefer, r->size);
+  const std::uint64_t all = g_cpu_lent.fetch_add(lent - r->lent) + (lent - r->lent);  // wraps back when smaller
+  r->lent = lent;
+  r->peak = std::max<std::uint64_t>(r->peak, r->live + lent);
+  raise_peak(g_cpu_peak_with_lent, g_cpu_current.load() + all);
+}
+ZoneUse cpu_zone_use(int account, std::uint64_t id, bool reset) {
+  ZoneUse u;
+  if (account <= 0 || account >= kMaxAccounts) return u;
+  Cache& c = g_caches[account];
+  std::lock_guard<std::mutex> lk(c.mu);
+  u.retired_live = c.retired_live;
+  Account& a = g_accounts[account];
+  u.unzoned = a.unzoned.load();
+  u.unzoned_peak = a.unzoned_peak.load();
+  if (reset) a.unzoned_peak.store(u.unzoned);
+  Region* r = c.region.get();
+  if (r == nullptr || r->id != id || id == 0) return u;
+  u.attached = true;
+  const std::size_t lowest = r->lowest_live();
+  u.extent = r->size - lowest;
+  u.low_extent = r->size - std::min(r->low, lowest);
+  u.misses = r->misses;
+  u.peak = r->peak;
+  if (reset) {
+    r->low = lowest;
+    r->peak = r->live + r->lent;
+  }
+  return u;
+}
 void set_cpu_account_limit(int account, std::uint64_t limit) {
   if (account <= 0 || account >= kMaxAccounts) return;
   g_accounts[account].refused.store(false);

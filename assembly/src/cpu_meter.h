@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace swapnet {
 namespace detail {
@@ -11,6 +12,30 @@ namespace detail {
 void set_cpu_account_limit(int account, std::uint64_t limit);
 bool cpu_account_refused(int account);
 int thread_cpu_account();
+
+// Installs the meter; whether libtorch's CPU allocations go through it (a host program may have
+// set an allocator of higher priority: then nothing is placed in zones).
+bool cpu_meter_active();
+// Note [Lending the activation reserve] (executor.cpp): makes [base, base + bytes), a ring's
+// zone, the account's region (the region before retires, as a new cache cap retires it), kept
+// mapped by `owner` while chunks live in it. Returns the zone's id (0: no such account).
+std::uint64_t set_cpu_account_zone(int account, char* base, std::uint64_t bytes, std::shared_ptr<void> owner);
+// The zone's floors (offsets from its start): chunks are never placed below `floor` (the ring
+// lends those bytes) and at or above `prefer` when a hole there fits; `lent`: the bytes the ring
+// lends now (for the zone's peak). Nothing when zone `id` is not the account's region.
+void set_cpu_zone(int account, std::uint64_t id, std::uint64_t floor, std::uint64_t prefer, std::uint64_t lent);
+struct ZoneUse {
+  bool attached = false;           // zone `id` is the account's region
+  std::uint64_t extent = 0;        // bytes from the lowest live chunk to the zone's end
+  std::uint64_t low_extent = 0;    // the most `extent` reached since the last reset
+  std::uint64_t misses = 0;        // allocations that did not fit above the floor, since attached
+  std::uint64_t peak = 0;          // the most live + lent bytes since the last reset
+  std::uint64_t retired_live = 0;  // bytes live in the account's retired regions
+  std::uint64_t unzoned = 0;       // the account's bytes outside its zone now (small ones, misses)
+  std::uint64_t unzoned_peak = 0;  // the most of those since the last reset
+};
+// `reset`: low_extent and peak start over from now.
+ZoneUse cpu_zone_use(int account, std::uint64_t id, bool reset);
 
 // Charges the calling thread's allocations to `account` while in scope (0: leaves it as is).
 class AccountScope {

@@ -330,10 +330,13 @@ void set_executor_option(ExecutorOptions* o, const std::string& name, const std:
   } else if (key == "read_ahead") {
     // ring-whole: the ring without streaming (Note [Streaming into the ring]); ring-blocks:
     // without layer-by-layer pipelining (Note [Layer by layer]); for comparison.
+    // ring-reserved: without lending the activation reserve (Note [Lending the activation reserve]).
     o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
-                                                    {"ring-blocks", ReadAhead::kRing}, {"paper", ReadAhead::kPaper}});
+                                                    {"ring-blocks", ReadAhead::kRing}, {"ring-reserved", ReadAhead::kRing},
+                                                    {"paper", ReadAhead::kPaper}});
     o->stream = value != "ring-whole";
-    o->layer_by_layer = value == "ring";
+    o->layer_by_layer = value == "ring" || value == "ring-reserved";
+    o->lend = value == "ring";
   } else if (key == "verify") {
     o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
                                              {"never", Verify::kNever}});
@@ -506,6 +509,25 @@ struct Executor::Impl {
   // cur_fetch.pieces[0, cur_waited) have landed and been waited for; the rest are waited for
   // layer by layer (Note [Layer by layer]).
   std::size_t cur_waited = 0;
+  // Note [Lending the activation reserve]: the account whose region is the ring's zone, the
+  // zone's id there (0: none attached), and per layer the zone bytes (from its end) activations
+  // reached while it ran (`lease`, known once one whole inference measured it in a zone of
+  // `lease_zone` bytes; it only grows after that).
+  int zone_account = 0;
+  std::uint64_t zone_id = 0;
+  bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
+  // The inference's input tensors outside the zone: the reserve counts them (measured with the
+  // inputs), so the zone lends that much less.
+  std::uint64_t inputs_outside = 0;
+  std::vector<std::uint64_t> lease;
+  bool lease_known = false;
+  bool lease_whole = false;  // this inference ran in one zone from its first layer
+  std::uint64_t lease_zone = 0;
+  std::uint64_t zone_misses_seen = 0;  // the zone's misses at the last look
+  std::uint64_t lent_peak = 0;     // most ring bytes lent to blocks at once, since open
+  std::uint64_t zone_misses = 0;   // activations that found no room above the lent bytes, since open
+  std::uint64_t zone_peak = 0;     // most zone bytes in use at once (activations + lent), since open
+  std::uint64_t outputs_copied = 0;  // output bytes copied out of the zone, since open
   // Note [Layer by layer] counters, since open.
   double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
@@ -559,10 +581,127 @@ struct Executor::Impl {
   void mark_verified(int first, int last) {
     for (int k = first; k <= last; ++k) verified[k] = true;
   }
-  // Weights in use now: blocks in the ring, resident blocks, pinned slots.
+  // Weights in use now: blocks in the ring, resident blocks, pinned slots (blocks lent the
+  // activation zone apart: the zone is the activation reserve's).
   void note_in_use() {
     if (!ring && !kept) return;
     weight_peak = std::max(weight_peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
+    if (ring) lent_peak = std::max(lent_peak, ring->lent_bytes());
+  }
+
+  // Note [Lending the activation reserve]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A plan reserves the activations' peak for the whole inference, yet most layers use little of
+  // it: yolov3 reaches 57 MiB in its first layers and at most 27 MiB from layer 9 on, where its
+  // 18 MiB convolutions are; vgg19 reaches 39 MiB in its first convolutions and under 1 MiB in its
+  // fully connected layers. The partitioner's any-schedule bound (memory_bound_ms) lets weights
+  // use what activations leave; with a constant reserve the ring read one 18 MiB layer at a time
+  // there. On host memory the reserve is therefore the ring's *zone* (BlockRing `lend`, Note
+  // [Lending the activation reserve] in ring.cpp), one set of pages shared two ways:
+  //  - activations: the executor runs each inference under a CPU-meter account (the thread's, or
+  //    its own) whose region is the zone (detail::set_cpu_account_zone): libtorch's allocations
+  //    of >= 128 KiB are placed there from the top down, best fit;
+  //  - blocks: pump() pushes a block (or streams one, ending in the zone) only below a limit: the
+  //    zone bytes below what activations hold now (the lowest live chunk, the account's other
+  //    allocations, chunks left in a zone retired mid-inference, the inputs) and below what
+  //    they may reach while the block is held -- `lease`, per layer, from the next layer to the
+  //    block's last (across the inference boundary for the next inference's blocks).
+  // Safety does not rest on the leases: the zone never places a chunk below its `floor`, the end
+  // of the highest block held (sync_zone, after every pump and before every layer), and a block
+  // never goes below what is live. An activation that finds no room goes to libtorch's
+  // allocator (counted: zone_misses) and the layer's lease becomes the whole zone. So a wrong
+  // lease costs memory or lending, never a byte of either.
+  // The leases are measured, not predicted: every layer's reach (the lowest chunk while it ran,
+  // plus the account's other bytes at their peak) is taken after it; one whole inference in a
+  // zone of this size makes them known (nothing is lent before), and after that they only grow.
+  // Chunks are placed where the same layer's went before (`prefer`), so the same shapes land
+  // in the same bytes every inference. Outputs leave the zone before finish() returns (copied:
+  // a caller keeping them would hold bytes the next inference plans to use). Not on the GPU,
+  // not while measuring a new input's activations (Note [Dynamic shapes]), and not where a host
+  // program's allocator outranks the meter (detail::cpu_meter_active). The zone's bytes count
+  // as activations: weight_memory() and the ring's accounting leave lent blocks out, and
+  // cpu_meter().peak_with_lent counts them with the activations they were lent by.
+  // The planner does not model lending yet: its predictions assume the constant reserve.
+  bool lends() const { return zone_id != 0 && ring && ring->lend() > 0; }
+  // Makes the ring's zone the region of `zone_account` (when it is not already).
+  void attach_zone() {
+    if (!ring || ring->lend() == 0 || zone_account == 0 || measuring) return;
+    if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) return;
+    zone_id = detail::set_cpu_account_zone(zone_account, ring->zone_begin(), ring->lend(), ring->memory());
+    zone_misses_seen = 0;
+    lease_whole = false;
+    if (lease_zone != ring->lend()) {
+      lease.assign(info.layers.size(), ring->lend());
+      lease_known = false;
+      lease_zone = ring->lend();
+    }
+    sync_zone(run ? run->next_layer() : 0);
+  }
+  // The zone stops being the account's region (its live chunks keep its pages until freed).
+  void detach_zone() {
+    if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) {
+      set_cpu_account_cache(zone_account, 0);
+    }
+    zone_id = 0;
+  }
+  std::uint64_t max_lease(int a, int b) const {
+    std::uint64_t v = 0;
+    for (int k = std::max(a, 0); k <= b && k < static_cast<int>(lease.size()); ++k) v = std::max(v, lease[k]);
+    return v;
+  }
+  // The zone bytes activations may reach while fetch `f` is held: from the next layer to its
+  // last (over the inference boundary for a block of the next inference).
+  std::uint64_t window_lease(const Fetch& f) const {
+    if (!lease_known) return ring->lend();
+    const int L = static_cast<int>(info.layers.size());
+    if (!run) return max_lease(0, f.last);
+    const int now = run->next_layer();
+    if (f.next) return std::max(max_lease(now, L - 1), max_lease(0, f.last));
+    return max_lease(now, f.last);
+  }
+  // Where a block of fetch `f` may end, as an offset from the ring's base: the ring's capacity,
+  // and the zone's bytes that no activation holds now or may reach while `f` is held.
+  std::uint64_t ring_limit(const Fetch& f) const {
+    if (!lends()) return ring->capacity();
+    const detail::ZoneUse u = detail::cpu_zone_use(zone_account, zone_id, false);
+    if (!u.attached) return ring->capacity();
+    const std::uint64_t z = ring->lend();
+    // What activations hold now (in the zone, outside it, in zones retired mid-inference), or may
+    // reach while `f` is held.
+    const std::uint64_t need = std::max(u.extent + u.unzoned + u.retired_live, window_lease(f)) + inputs_outside;
+    return ring->capacity() + (need >= z ? 0 : (z - need) / 4096 * 4096);
+  }
+  // Tells the zone where blocks end (nothing is placed below) and where layer k's activations
+  // went before (placed there first).
+  void sync_zone(int k) {
+    if (!lends()) return;
+    const std::uint64_t cap = ring->capacity(), z = ring->lend();
+    const std::uint64_t end = ring->held_end();
+    const std::uint64_t floor = end > cap ? end - cap : 0;
+    std::uint64_t prefer = floor;
+    if (lease_known && k >= 0 && k < static_cast<int>(lease.size())) prefer = std::max(floor, z - std::min(z, lease[k]));
+    detail::set_cpu_zone(zone_account, zone_id, floor, prefer, ring->lent_bytes());
+  }
+  // After layer k ran: how far its activations reached, and whether any found no room.
+  void measure_lease(int k) {
+    if (!lends()) return;
+    const detail::ZoneUse u = detail::cpu_zone_use(zone_account, zone_id, true);
+    if (!u.attached) return;
+    zone_peak = std::max(zone_peak, u.peak);
+    std::uint64_t reached = u.low_extent + u.unzoned_peak;  // the account's others share the reserve
+    if (u.misses > zone_misses_seen) {  // never lend around this layer again
+      log(LogLevel::kDebug, path + ": layer " + std::to_string(k) + ": " + std::to_string(u.misses - zone_misses_seen) +
+                                " activations found no room in the zone (reached " + format_bytes(u.low_extent) +
+                                " of " + format_bytes(ring->lend()) + ", lent " + format_bytes(ring->lent_bytes()) +
+                                (lease_known ? "" : ", measuring") + ")");
+      zone_misses += u.misses - zone_misses_seen;
+      zone_misses_seen = u.misses;
+      reached = ring->lend();
+    }
+    if (k >= 0 && k < static_cast<int>(lease.size())) {
+      // Until known, `lease` holds this inference's measurement (started at 0 in begin()).
+      lease[k] = std::max(lease[k], reached);
+    }
   }
   // The first layer a read of block b from layer k must start at: the lowest layer in the block
   // that owns a weight read by layers k.. of it (weights shared within a block are not pinned).
@@ -597,6 +736,7 @@ struct Executor::Impl {
       gpu_idle();
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
+    detach_zone();
     free_aligned(pinned_buf);
   }
 
@@ -640,6 +780,10 @@ struct Executor::Impl {
   // Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
   // for the kernels of executed blocks but the newest (which may be running now) to free space.
   void pump(bool may_wait = false) {
+    pump_reads(may_wait);
+    sync_zone(run ? run->next_layer() : 0);  // the zone's floor follows the blocks held
+  }
+  void pump_reads(bool may_wait) {
     if (released || shed_pending || plan.blocks.empty()) return;
     if (!fetches.empty() && fetches.back().streamed() && !stream_pieces(fetches.back())) return;
     const int n = static_cast<int>(plan.blocks.size());
@@ -676,12 +820,13 @@ struct Executor::Impl {
         }
         if (cuda) reclaim(false);
         while (may_wait && !ring->fits(f.bytes) && gpu_pending.size() > 1) reclaim(true, true);
-        char* at = static_cast<char*>(keeps ? ring->push_first(f.bytes - kept) : ring->push(f.bytes));
+        char* at = static_cast<char*>(keeps ? ring->push_first(f.bytes - kept) : ring->push(f.bytes, ring_limit(f)));
         if (at == nullptr) {
           // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
           // their bytes. Not with checksums to verify (they need the layer whole in one read).
           if (!opt.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) return;
-          at = static_cast<char*>(keeps ? ring->push_first_streamed(f.bytes - kept) : ring->push_streamed(f.bytes));
+          at = static_cast<char*>(keeps ? ring->push_first_streamed(f.bytes - kept)
+                                        : ring->push_streamed(f.bytes, ring_limit(f)));
           if (at == nullptr) return;
           f.at = at - kept;
           f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
@@ -893,6 +1038,55 @@ void adopt(Executor::Impl& m, ExecutionPlan p);
 // Frees every byte held for weights (Executor::release).
 void release_all(Executor::Impl& m);
 void give_heap_back(const std::string& path);
+
+namespace {
+// `v` with every tensor whose storage lies in [lo, hi) replaced by a copy (`copied` counts the
+// bytes); containers are rebuilt only where something was copied.
+c10::IValue evict_from(const c10::IValue& v, const char* lo, const char* hi, std::uint64_t* copied) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.has_storage()) return v;
+    const char* p = static_cast<const char*>(t.storage().data());
+    if (p == nullptr || p < lo || p >= hi) return v;
+    *copied += t.nbytes();
+    return t.clone();
+  }
+  if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    std::vector<c10::IValue> out;
+    bool changed = false;
+    for (const auto& e : elems) {
+      out.push_back(evict_from(e, lo, hi, copied));
+      changed = changed || !out.back().isSameIdentity(e);
+    }
+    if (!changed) return v;
+    return c10::ivalue::Tuple::createNamed(std::move(out), c10::TypePtr(v.toTupleRef().type()));  // named stays named
+  }
+  if (v.isList()) {
+    c10::List<c10::IValue> l = v.toList();
+    c10::impl::GenericList out(l.elementType());
+    bool changed = false;
+    for (size_t i = 0; i < l.size(); ++i) {
+      const c10::IValue e = l.get(i);
+      out.push_back(evict_from(e, lo, hi, copied));
+      changed = changed || !out.get(i).isSameIdentity(e);
+    }
+    return changed ? c10::IValue(out) : v;
+  }
+  if (v.isGenericDict()) {
+    c10::impl::GenericDict d = v.toGenericDict();
+    c10::impl::GenericDict out(d.keyType(), d.valueType());
+    bool changed = false;
+    for (const auto& e : d) {
+      c10::IValue nv = evict_from(e.value(), lo, hi, copied);
+      changed = changed || !nv.isSameIdentity(e.value());
+      out.insert(e.key(), std::move(nv));
+    }
+    return changed ? c10::IValue(out) : v;
+  }
+  return v;
+}
+}  // namespace
 // Executor::set_budget with `m.mu` held.
 void set_budget_locked(Executor::Impl& m, std::uint64_t bytes);
 
@@ -968,13 +1162,25 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   const auto t_drained = std::chrono::steady_clock::now();
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
+  if (m.ring && m.ring->lend() > 0) {
+    // Activations of the inference in progress may live in the zone: its pages stay (given
+    // back once its last chunk is freed), the rest go now.
+    m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
+  }
+  m.detach_zone();
   m.ring.reset();
   if (m.kept) m.kept->release(false);
   m.kept.reset();
   m.drop_pinned();
   const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
-    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes);
+    // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
+    const bool host = m.opt.memory == MemoryKind::kHost || (m.opt.memory == MemoryKind::kManaged && !cuda_device().usable);
+    const std::uint64_t lend = m.opt.lend && !m.cuda && host && !m.measuring && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
+                                       p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
+                                   ? p.activation_bytes
+                                   : 0;
+    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);
   }
   m.retained_valid = false;
   m.kept_at.assign(p.blocks.size(), 0);
@@ -1065,6 +1271,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
                             std::to_string(Ms(t_end - t_ring).count()) + ")");
   m.released = false;
   m.shed_pending = false;
+  m.attach_zone();  // at once: the rest of an inference in progress places its activations there
   m.note_in_use();
 }
 
@@ -1249,7 +1456,16 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
   ms.base = cpu_account(account).current;
   ms.input_bytes = input_bytes;
   ms.reserve = m.info.activation_bytes;
-  set_reserve(m, allowance);
+  {
+    // No zone while measuring: the allowance is all the budget leaves, past it the account refuses.
+    m.detach_zone();
+    m.lend_off = true;
+    struct On {
+      bool& b;
+      ~On() { b = false; }
+    } on{m.lend_off};
+    set_reserve(m, allowance);
+  }
   reset_cpu_account_peak(account);
   set_cpu_account_limit(account, ms.base + allowance - input_bytes);
   log(LogLevel::kInfo, what + ": measuring them in this inference, weights at their least (" + format_bytes(m.weights_min) +
@@ -1319,6 +1535,10 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
       if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
     }
   }
+  m.inputs_outside = 0;
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu()) m.inputs_outside += v.toTensor().nbytes();
+  }
   try {
     m.run = std::make_unique<Skeleton::Run>(m.sk.begin(std::move(inputs)));
   } catch (...) {
@@ -1328,6 +1548,21 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.cur = 0;
   m.bound = false;
   m.cur_from_fetch = false;
+  if (m.ring && m.ring->lend() > 0 && !m.measuring) {
+    // Note [Lending the activation reserve]: this thread's account (a Runtime model's), else the
+    // executor's own, places the inference's activations in the ring's zone.
+    int account = detail::thread_cpu_account();
+    if (account == 0) {
+      if (m.own_account == 0) m.own_account = new_cpu_account();
+      account = m.own_account;
+    }
+    if (account != m.zone_account) m.detach_zone();
+    m.zone_account = account;
+    m.attach_zone();
+    if (m.lends() && !m.lease_known) std::fill(m.lease.begin(), m.lease.end(), 0);
+    m.lease_whole = m.lends();
+    if (m.lends()) (void)detail::cpu_zone_use(m.zone_account, m.zone_id, true);
+  }
   m.pump();
 }
 
@@ -1336,7 +1571,7 @@ bool Executor::step(int stop_before) {
   std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
   if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
-  AccountScope charge(m.measuring ? m.measuring->account : 0);
+  AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
   try {
     if (m.shed_pending) {
       // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
@@ -1377,6 +1612,7 @@ bool Executor::step(int stop_before) {
         if (m.cur_waited < m.cur_fetch.pieces.size()) ++m.layers_started_early;
       }
       m.running_layer = m.run->next_layer();
+      m.sync_zone(m.running_layer);  // its activations go where they went before
       lk.unlock();  // shed() may give back what this layer does not read, meanwhile
       try {
         m.sk.run_layer(*m.run);
@@ -1386,6 +1622,7 @@ bool Executor::step(int stop_before) {
         throw;
       }
       lk.lock();
+      m.measure_lease(m.running_layer);
       m.running_layer = -1;
       ran = true;
       // The rest of the block may have been given back: no further layer before a re-plan.
@@ -1451,8 +1688,19 @@ c10::IValue Executor::finish() {
   }
   c10::IValue out;
   try {
-    AccountScope charge(m.measuring ? m.measuring->account : 0);
+    AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
     out = m.sk.finish(*m.run);
+    if (m.lends()) {
+      // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
+      // the next inference's activations (or blocks) are planned to use: copied out (outside
+      // any account), the zone's chunks freed with the inference.
+      const int before = set_thread_cpu_account(0);
+      struct Restore {
+        int a;
+        ~Restore() { set_thread_cpu_account(a); }
+      } restore{before};
+      out = evict_from(out, m.ring->zone_begin(), m.ring->zone_begin() + m.ring->lend(), &m.outputs_copied);
+    }
     // Blocks read after a write into the file would be mixed with those read before it.
     m.reader->check_file().throw_if_error();
   } catch (...) {
@@ -1460,6 +1708,9 @@ c10::IValue Executor::finish() {
     throw;
   }
   m.run.reset();
+  // Note [Lending the activation reserve]: one whole inference in this zone measured every
+  // layer's reach.
+  if (m.lends() && m.lease_whole) m.lease_known = true;
   // Reads ahead of this inference belong to the next one now.
   for (auto& f : m.fetches) f.next = false;
   m.rd_next = false;
@@ -1600,6 +1851,9 @@ bool Executor::shed(std::uint64_t budget) {
         kept += m.span(a, b);
       }
     }
+    // The zone is the activation reserve (Note [Lending the activation reserve]): activations of
+    // the running layer live there; blocks lent its bytes are within it.
+    if (m.ring->lend() > 0) keep.emplace_back(m.ring->zone_begin(), m.ring->lend());
     m.ring->discard_except(keep);
     m.retained_valid = false;  // the kept bytes went too, but for the running layer's
   }
@@ -1654,6 +1908,10 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   p.read_wait_ms = impl_->read_wait_seconds * 1e3;
   p.layers_started_early = impl_->layers_started_early;
   p.released_early_bytes = impl_->released_early;
+  p.zone_bytes = impl_->lends() ? impl_->ring->lend() : 0;
+  p.lent_peak_bytes = impl_->lent_peak;
+  p.zone_peak_bytes = impl_->zone_peak;
+  p.zone_misses = impl_->zone_misses;
   return p;
 }
 std::uint64_t Executor::streamed_blocks() const {
@@ -1732,6 +1990,8 @@ void release_all(Executor::Impl& m) {
     log(LogLevel::kError, m.path + ": internal: reads in flight after draining; the ring is kept");
     return;
   }
+  if (m.ring && m.ring->lend() > 0) m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
+  m.detach_zone();
   m.ring.reset();
   m.kept.reset();
   m.kept_bytes = 0;

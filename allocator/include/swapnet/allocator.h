@@ -110,8 +110,11 @@ class SWAPNET_API BlockRing {
   // for the part of a block kept across inferences (Note [Keeping part of a block] in
   // ring.cpp): kept_begin() .. base(); they count as used from the start. Throws Error with the
   // size and the reason when the memory cannot be had.
+  // `lend` (deep rings in host memory only): that many bytes more after the ring's last byte,
+  // the zone the executor shares between activations and blocks (Note [Lending the activation
+  // reserve] in ring.cpp): zone_begin() .. zone_begin() + lend().
   static std::unique_ptr<BlockRing> create(std::uint64_t capacity, MemoryKind kind, bool deep = true,
-                                           std::uint64_t kept = 0);
+                                           std::uint64_t kept = 0, std::uint64_t lend = 0);
   ~BlockRing();
   BlockRing(const BlockRing&) = delete;
   BlockRing& operator=(const BlockRing&) = delete;
@@ -123,12 +126,28 @@ class SWAPNET_API BlockRing {
   // contiguous bytes (4 KiB aligned), or nullptr when it does not fit next to the blocks held.
   bool fits(std::uint64_t bytes) const;
   void* push(std::uint64_t bytes);
+  // The same for a block that may end up to `limit` bytes after base(), into the zone
+  // (clamped to capacity() .. capacity() + lend()). The caller vouches that nothing else uses
+  // the zone's bytes below `limit` while the block is held.
+  bool fits(std::uint64_t bytes, std::uint64_t limit) const;
+  void* push(std::uint64_t bytes, std::uint64_t limit);
+  std::uint64_t lend() const;
+  char* zone_begin() const;          // base() + capacity()
+  std::uint64_t lent_bytes() const;  // bytes of blocks held in the zone now (not in used())
+  // The end of the highest block held, as an offset from base() (0 when none, or not deep).
+  std::uint64_t held_end() const;
+  // Keeps the ring's memory mapped for as long as the caller holds it (activations placed in
+  // the zone may outlive the ring).
+  std::shared_ptr<void> memory() const;
   // Deep rings: pushes a block that does not fit yet where it will once the older blocks it
   // overlaps are gone (Note [Streaming into the ring] in ring.cpp); its bytes may be written
   // only where range_free() says so. Nothing more fits until the overlap is gone (streaming()).
   // A block that fits is pushed as by push(); nullptr for a block larger than the ring, while
   // another block streams, or where the ring is not deep.
   void* push_streamed(std::uint64_t bytes);
+  // The same where it may end up to `limit` bytes after base() (as push(bytes, limit)): its
+  // bytes in the zone are free at once.
+  void* push_streamed(std::uint64_t bytes, std::uint64_t limit);
   bool streaming() const;
   // Deep rings: pushes a block at the ring's first byte (right after the kept bytes), or
   // nullptr while any block holds some of [base(), base() + bytes). push_first_streamed: as
@@ -147,7 +166,7 @@ class SWAPNET_API BlockRing {
   void pop();    // releases the oldest block (swap-out: no write-back)
   void clear();  // releases every block
   std::size_t blocks() const;
-  std::uint64_t used() const;   // bytes of the blocks held (page-rounded), and the kept bytes
+  std::uint64_t used() const;   // bytes of the blocks held (page-rounded; not lent ones), and the kept bytes
   // The memory blocks are placed in (capacity bytes), e.g. to register with the block reader;
   // device_address() is the GPU's address of a pushed block.
   char* base() const;

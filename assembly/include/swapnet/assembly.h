@@ -168,6 +168,11 @@ class SWAPNET_API Skeleton {
 struct CpuMeterStats {
   std::uint64_t current = 0;
   std::uint64_t peak = 0;
+  // Process-wide only (Note [Lending the activation reserve] in executor.cpp): bytes of rings'
+  // activation zones lent to blocks now, and the most of `current` + those at once since the
+  // last reset (what activations and the blocks using their reserve held together).
+  std::uint64_t lent = 0;
+  std::uint64_t peak_with_lent = 0;
 };
 SWAPNET_API void install_cpu_meter();
 SWAPNET_API CpuMeterStats cpu_meter();
@@ -253,6 +258,10 @@ struct ExecutorOptions {
   // back as they end (Note [Layer by layer] in executor.cpp); false: block by block (read-ahead
   // "ring-blocks", for comparison).
   bool layer_by_layer = true;
+  // kRing on host memory: blocks use the activation reserve's bytes the activations leave
+  // (Note [Lending the activation reserve] in executor.cpp); false: activations keep the whole
+  // reserve all the time (read-ahead "ring-reserved", for comparison).
+  bool lend = true;
 };
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
@@ -411,6 +420,14 @@ class SWAPNET_API Executor {
     double read_wait_ms = 0;
     std::uint64_t layers_started_early = 0;
     std::uint64_t released_early_bytes = 0;
+    // Note [Lending the activation reserve] in executor.cpp, since open: the zone's size (the
+    // activation reserve; 0: no lending), the most ring bytes lent to blocks at once, the most
+    // zone bytes in use at once (activations + lent blocks; never above zone_bytes), and
+    // activations that found no room above the lent bytes (placed outside, by libtorch).
+    std::uint64_t zone_bytes = 0;
+    std::uint64_t lent_peak_bytes = 0;
+    std::uint64_t zone_peak_bytes = 0;
+    std::uint64_t zone_misses = 0;
   };
   PipelineStats pipeline_stats() const;
   // Inputs whose activations were measured since open (Note [Dynamic shapes] in executor.cpp):
