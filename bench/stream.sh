@@ -2,7 +2,8 @@
 # Two read-ahead modes side by side: by default streaming into the ring (Note [Streaming into
 # the ring]) against waiting for a block's whole room (ring-whole); `--modes "ring ring-blocks"`
 # compares layer-by-layer pipelining (Note [Layer by layer] in assembly/src/executor.cpp) with
-# block by block. The paper's four models at the storage table's budgets (1/3 of their bytes or
+# block by block; `--modes "ring ring-reserved"` lending the activation reserve to blocks (Note
+# [Lending the activation reserve]) with keeping it for activations. The paper's four models at the storage table's budgets (1/3 of their bytes or
 # their minimum), on emulated storage (bench/throttle.sh), each mode in its own process, modes
 # interleaved within every round; medians of the per-run medians.
 #   bench/stream.sh [--rounds N] [--iters N] [--rates "400MB/s 1GB/s"] [--models "..."]
@@ -47,7 +48,9 @@ print(json.dumps({"model": sys.argv[1], "rate": sys.argv[2], "mode": sys.argv[3]
                   "all_ms": j["latency_ms"]["all"], "io_bound_ms": j["io_bound_ms"],
                   "predicted_ms": j["predicted_ms"], "streamed_blocks": j.get("streamed_blocks", 0),
                   "bit_identical": j.get("equal"), "peak_model_bytes": j["peak_model_bytes"],
-                  "read_wait_ms": j.get("pipeline", {}).get("read_wait_ms")}))
+                  "read_wait_ms": j.get("pipeline", {}).get("read_wait_ms"),
+                  "lent_peak_bytes": j.get("pipeline", {}).get("lent_peak_bytes", 0),
+                  "zone_misses": j.get("pipeline", {}).get("zone_misses", 0)}))
 ' "$m" "$rate" "$mode" "$r" >> "$rows"
       done
     done
@@ -58,8 +61,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 A, B = sys.argv[2], sys.argv[3]
 print(f"| model | rate | {A} ms | {B} ms | {A} / {B} | per-round ratios | io_bound ms | {A} / io_bound | predicted {A} ms | "
-      f"streamed blocks per run | read wait ms {A} / {B} | bit-identical | within budget |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      f"streamed blocks per run | read wait ms {A} / {B} | lent MB {A} / {B} | bit-identical | within budget |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 keys = []
 for r in rows:
     if (r["model"], r["rate"]) not in keys: keys.append((r["model"], r["rate"]))
@@ -72,9 +75,11 @@ for m, rate in keys:
     io = statistics.median([r["io_bound_ms"] for r in sel])
     ok = all(r["bit_identical"] is True for r in sel)
     within = all(r["peak_model_bytes"] <= r["budget_bytes"] for r in sel)
+    lent = {k: max([r.get("lent_peak_bytes") or 0 for r in v] or [0]) / 1e6 for k, v in by.items()}
     print(f"| {m} | {rate} | {med[A]:.0f} | {med[B]:.0f} | {med[A] / med[B]:.3f} | "
           f"{', '.join(f'{x:.2f}' for x in ratios)} | {io:.0f} | {med[A] / io:.3f} | "
           f"{statistics.median([r['predicted_ms'] for r in by[A]]):.0f} | "
           f"{statistics.median([r['streamed_blocks'] for r in by[A]]):.0f} | {wait[A]:.1f} / {wait[B]:.1f} | "
+          f"{lent[A]:.1f} / {lent[B]:.1f} | "
           f"{'yes' if ok else 'NO'} | {'yes' if within else 'NO'} |")
 PY

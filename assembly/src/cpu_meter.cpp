@@ -38,6 +38,9 @@ struct Account {
   // the most since the zone's last reset: they share the reserve with the zone's chunks.
   std::atomic<std::uint64_t> unzoned{0};
   std::atomic<std::uint64_t> unzoned_peak{0};
+  // Its zone's bytes lent to blocks now, and the most of current + those at once.
+  std::atomic<std::uint64_t> lent{0};
+  std::atomic<std::uint64_t> peak_with_lent{0};
 };
 constexpr int kMaxAccounts = 256;
 Account g_accounts[kMaxAccounts];
@@ -249,6 +252,7 @@ class MeterAllocator final : public c10::Allocator {
                     " bytes, past the ", limit, " its budget leaves them");
       }
       raise_peak(a.peak, now);
+      raise_peak(a.peak_with_lent, now + a.lent.load());
     }
     Header h{n, account, 0, nullptr, 0};
     char* base = nullptr;
@@ -312,11 +316,13 @@ int set_thread_cpu_account(int account) {
 }
 CpuMeterStats cpu_account(int account) {
   if (account <= 0 || account >= kMaxAccounts) return {};
-  return CpuMeterStats{g_accounts[account].current.load(), g_accounts[account].peak.load()};
+  const Account& a = g_accounts[account];
+  return CpuMeterStats{a.current.load(), a.peak.load(), a.lent.load(), a.peak_with_lent.load()};
 }
 void reset_cpu_account_peak(int account) {
   if (account <= 0 || account >= kMaxAccounts) return;
   g_accounts[account].peak.store(g_accounts[account].current.load());
+  g_accounts[account].peak_with_lent.store(g_accounts[account].current.load() + g_accounts[account].lent.load());
 }
 
 
@@ -328,6 +334,7 @@ std::unique_ptr<Region> replace_region(Cache& c, std::unique_ptr<Region> region)
   c.region = std::move(region);
   if (old) {  // a zone detached lends nothing any more
     g_cpu_lent.fetch_sub(old->lent);
+    g_accounts[&c - g_caches].lent.fetch_sub(old->lent);
     old->lent = 0;
   }
   if (old && old->live > 0) {  // owned by its last chunk from now on (cache_free)
@@ -347,7 +354,9 @@ void set_cpu_account_cache(int account, std::uint64_t cap) {
   std::unique_ptr<Region> old;
   {
     std::lock_guard<std::mutex> lk(c.mu);
-    if (c.region && c.region->size == cap) return;  // a zone of the same size serves as the cache
+    // A ring's zone is the model's activation cache already (Note [Lending the activation
+    // reserve] in executor.cpp): it stays until the cache is turned off.
+    if (c.region && (c.region->size == cap || (c.region->owner && cap > 0))) return;
     old = replace_region(c, cap > 0 ? std::make_unique<Region>(cap) : nullptr);
   }
 }
@@ -397,6 +406,9 @@ void set_cpu_zone(int account, std::uint64_t id, std::uint64_t floor, std::uint6
   r->floor = std::min<std::size_t>(floor, r->size);
   r->prefer = std::min<std::size_t>(prefer, r->size);
   const std::uint64_t all = g_cpu_lent.fetch_add(lent - r->lent) + (lent - r->lent);  // wraps back when smaller
+  Account& a = g_accounts[account];
+  const std::uint64_t mine = a.lent.fetch_add(lent - r->lent) + (lent - r->lent);
+  raise_peak(a.peak_with_lent, a.current.load() + mine);
   r->lent = lent;
   r->peak = std::max<std::uint64_t>(r->peak, r->live + lent);
   raise_peak(g_cpu_peak_with_lent, g_cpu_current.load() + all);

@@ -65,7 +65,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
   std::unique_ptr<Executor> ex;
   std::mutex mu;  // one inference at a time (Executor's contract), whatever Python threads do
   int account = 0;                   // CPU meter account of its inferences' activations
-  std::uint64_t activation_peak = 0;  // most activation bytes one inference allocated
+  std::uint64_t activation_peak = 0;  // most activation bytes one inference allocated (and lent blocks)
   std::uint64_t inferences = 0;
 
   // Transparent swapping of a model with no image yet (transparent.cpp): the first forward
@@ -105,7 +105,9 @@ struct ExecutorHolder : torch::CustomClassHolder {
         while (!ex->step()) apply_pending();
         c10::IValue r = ex->finish();
         set_thread_cpu_account(previous);
-        activation_peak = std::max<std::uint64_t>(activation_peak, cpu_account(account).peak - base);
+        // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
+        // reserve] in executor.cpp), at once.
+        activation_peak = std::max<std::uint64_t>(activation_peak, cpu_account(account).peak_with_lent - base);
         ++inferences;
         apply_pending();
         return r;
@@ -217,6 +219,12 @@ struct ExecutorHolder : torch::CustomClassHolder {
                 {"read_wait_ms", ps.read_wait_ms},
                 {"layers_started_early", ps.layers_started_early},
                 {"released_early_bytes", ps.released_early_bytes},
+                // Note [Lending the activation reserve]: the zone, the most of it lent to blocks
+                // at once, the most in use at once, activations that found no room.
+                {"zone_bytes", ps.zone_bytes},
+                {"lent_peak_bytes", ps.lent_peak_bytes},
+                {"zone_peak_bytes", ps.zone_peak_bytes},
+                {"zone_misses", ps.zone_misses},
                 {"bytes_read", ex->bytes_read()},
                 {"bytes_used", ex->bytes_used()},
                 {"weights_held", w.held},

@@ -460,7 +460,9 @@ struct Runtime::Impl {
       }
       c10::IValue out = x.exec->finish();
       const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
-      act = cpu_account(x.account).peak - base;
+      // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
+      // reserve] in executor.cpp), at once.
+      act = cpu_account(x.account).peak_with_lent - base;
       const WeightMemory wm = x.exec->weight_memory();
       held = wm.held;
       model_peak = wm.peak + act;

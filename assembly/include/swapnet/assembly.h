@@ -168,8 +168,8 @@ class SWAPNET_API Skeleton {
 struct CpuMeterStats {
   std::uint64_t current = 0;
   std::uint64_t peak = 0;
-  // Process-wide only (Note [Lending the activation reserve] in executor.cpp): bytes of rings'
-  // activation zones lent to blocks now, and the most of `current` + those at once since the
+  // Note [Lending the activation reserve] in executor.cpp: bytes of activation zones (the
+  // account's, or all) lent to blocks now, and the most of `current` + those at once since the
   // last reset (what activations and the blocks using their reserve held together).
   std::uint64_t lent = 0;
   std::uint64_t peak_with_lent = 0;
@@ -196,6 +196,8 @@ struct ActivationCacheStats {
   std::uint64_t hits = 0;          // allocations placed in a region
   std::uint64_t misses = 0;        // allocations the region could not place (libtorch's allocator)
 };
+// Where an executor made its ring's activation zone the account's region (Note [Lending the
+// activation reserve] in executor.cpp), a nonzero cap leaves that zone in place.
 SWAPNET_API void set_cpu_account_cache(int account, std::uint64_t cap);
 SWAPNET_API ActivationCacheStats cpu_account_cache(int account);
 // Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included, held
