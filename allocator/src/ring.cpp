@@ -303,11 +303,14 @@ void* BlockRing::push_streamed(std::uint64_t bytes, std::uint64_t limit) {
   // waits for are then the oldest blocks'), else from the start; or ending at `limit`, in the
   // zone, where fewer of its bytes wait for older blocks (Note [Lending the activation reserve]).
   std::uint64_t off = m.wrapped && m.head <= m.capacity && bytes <= m.capacity - m.head ? m.head : 0;
-  // (Only where the ring has not wrapped and it starts at or after the oldest block: the blocks
-  // it does not overlap then lie before it, in ring order.)
-  if (limit > m.capacity && bytes <= limit && !m.wrapped && limit - bytes >= m.fifo.front().offset &&
-      m.held_by(limit - bytes, bytes, m.fifo.size()) < m.held_by(off, bytes, m.fifo.size())) {
-    off = limit - bytes;
+  // (Only where the ring has not wrapped and it starts at or after the oldest block, so the
+  // blocks it does not overlap lie before it in ring order; and only over the oldest block, which
+  // frees first: bytes of newer ones free later than more bytes of the oldest.)
+  const std::uint64_t end = limit - std::min(limit, bytes);
+  if (limit > m.capacity && bytes <= limit && !m.wrapped && end >= m.fifo.front().offset &&
+      m.held_by(end, bytes, m.fifo.size()) == m.held_by(end, bytes, 1) &&
+      m.held_by(end, bytes, 1) < m.held_by(off, bytes, m.fifo.size())) {
+    off = end;
   }
   return m.push_over(off, bytes);
 }

@@ -129,7 +129,8 @@ ReadAhead effective_read_ahead(const ExecutorOptions& o) {
 // the largest consecutive pair for the two-block pipelines.
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
                           const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
-                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0) {
+                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0,
+                          std::uint64_t lend = 0) {
   ExecutionPlan p;
   for (const auto& [first, last] : blocks) {
     std::uint64_t bytes = 0;
@@ -140,6 +141,7 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   part.blocks = blocks;
   part.resident = resident;
   part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
+  part.lend_bytes = ra == ReadAhead::kRing ? lend : 0;  // Note [Lending the activation reserve]
   // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
   // whole pages, and never all of it.
   if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
@@ -209,8 +211,20 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
   return p.activation_bytes + p.pinned_bytes;
 }
 
+// The activation reserve the deep ring is lent where activations leave it (Note [Lending the
+// activation reserve]): what adopt() gives the ring as its zone (but for the CPU meter being
+// outranked by a host program's allocator, found only then).
+std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
+  const bool host = o.memory == MemoryKind::kHost || (o.memory == MemoryKind::kManaged && !cuda_device().usable);
+  return o.lend && o.device == ExecutorOptions::Device::kCPU && host && effective_read_ahead(o) == ReadAhead::kRing &&
+                 info.activation_bytes >= (1u << 20)
+             ? info.activation_bytes
+             : 0;
+}
+
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
   const ReadAhead ra = effective_read_ahead(o);
+  const std::uint64_t lend = lend_for(info, o);
   const std::uint64_t minimum = min_budget_for(info, sk, ra);
   auto too_small = [&](const std::string& what) {
     return Error(origin + ": budget " + std::to_string(o.budget) + " bytes (" + format_bytes(o.budget) + ") " + what +
@@ -240,7 +254,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
                   "partition's swapped blocks (0.." + std::to_string(blocks.size() - 1) + ")");
     }
     ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget,
-                                  o.retain_block, o.retained_bytes);
+                                  o.retain_block, o.retained_bytes, lend);
     if (p.total() > o.budget) {
       throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
                       format_bytes(p.total()) + ")");
@@ -254,10 +268,11 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       PartitionOptions po;
       po.residency = o.residency;
       po.read_ahead = ra;
+      po.lend = lend;
       Partition best = optimal_partition(costs, o.budget - reserve, o.cost, po);
       if (best.feasible) {
         ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
-                                      best.retain_block, best.retained_bytes);
+                                      best.retain_block, best.retained_bytes, lend);
         if (p.total() <= o.budget) return done(std::move(p));
       }
     }
@@ -267,7 +282,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   for (int n = 1; n <= L; ++n) {
     Blocks blocks = equal_bytes_blocks(costs, n);
     std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget);
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0, lend);
     if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.
@@ -1148,6 +1163,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     PartitionOptions po;
     po.residency = options.residency;
     po.read_ahead = effective_read_ahead(m.opt);
+    po.lend = lend_for(m.info, m.opt);
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step, po);
   }
   adopt(m, std::move(p));
@@ -1357,7 +1373,8 @@ void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
     const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
     if (part.feasible) {
       ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
-                                    effective_read_ahead(o), bytes, part.retain_block, part.retained_bytes);
+                                    effective_read_ahead(o), bytes, part.retain_block, part.retained_bytes,
+                                    lend_for(m.info, o));
       if (p.total() <= bytes) {
         p.min_budget = m.weights_min + m.info.activation_bytes;
         next = std::move(p);
@@ -2013,6 +2030,7 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
     PartitionOptions po;
     po.residency = m.opt.residency;
     po.read_ahead = effective_read_ahead(m.opt);
+    po.lend = lend_for(m.info, m.opt);
     local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info), po);
     table = local.get();
   }

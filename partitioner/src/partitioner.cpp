@@ -111,7 +111,7 @@ const char* to_string(ReadAhead r) {
 
 double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
                    std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream, int retain_block,
-                   std::uint64_t retained_bytes, bool by_layer) {
+                   std::uint64_t retained_bytes, bool by_layer, std::uint64_t lend) {
   Prefix p(layers);
   struct Item {
     bool swapped;
@@ -156,6 +156,37 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   // each of its layers ended.
   std::vector<double> read_start(total, 0);
   std::vector<std::vector<double>> piece_done(total), layer_done(total);
+  // Lending the activation reserve (`lend`; Note [Lending the activation reserve] in
+  // assembly/src/executor.cpp): the zone after the ring's last byte holds activations; a block
+  // may end in it below what the layers from the one running when its read starts to its own
+  // last need (their activation peak). Layers unrolled over the inferences played: end[u]
+  // (infinite until computed), need[u], and a sparse table for the most need over a range.
+  const int L = static_cast<int>(layers.size());
+  const bool lends = lend > 0 && ring_depth == 0;
+  std::vector<double> layer_end;
+  std::vector<std::vector<std::uint64_t>> need_max;
+  if (lends) {
+    layer_end.assign(kInferences * static_cast<size_t>(L), std::numeric_limits<double>::infinity());
+    std::vector<std::uint64_t> need(kInferences * static_cast<size_t>(L));
+    for (int k = 0; k < L; ++k) {
+      const std::uint64_t before = k > 0 ? layers[k - 1].live_bytes : 0;
+      const std::uint64_t a = std::max({layers[k].peak_bytes, layers[k].live_bytes, layers[k].peak_bytes ? 0 : before});
+      for (size_t r = 0; r < kInferences; ++r) need[r * L + k] = a;
+    }
+    need_max.push_back(std::move(need));
+    for (size_t w = 1; 2 * w <= need_max[0].size(); w *= 2) {
+      const std::vector<std::uint64_t>& prev = need_max.back();
+      std::vector<std::uint64_t> next(prev.size() - w);
+      for (size_t u = 0; u < next.size(); ++u) next[u] = std::max(prev[u], prev[u + w]);
+      need_max.push_back(std::move(next));
+    }
+  }
+  auto most_need = [&](size_t a, size_t b) {  // over unrolled layers [a, b]
+    if (b < a) return std::uint64_t{0};
+    size_t lv = 0;
+    while ((size_t{2} << lv) <= b - a + 1) ++lv;
+    return std::max(need_max[lv][a], need_max[lv][b + 1 - (size_t{1} << lv)]);
+  };
   double t_compute = 0, t_read = 0;
   double ends[kInferences] = {};
   size_t next = 0;  // the next item the compute thread runs
@@ -175,6 +206,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     for (; next <= g; ++next) {
       const Item& it = items[next % n];
       if (next % n == 0) t_compute += m.inference_ms;
+      const size_t u0 = (next / n) * static_cast<size_t>(L);  // the inference's first unrolled layer
       if (it.swapped && it.layered) {
         // Its first layer's bytes, then each layer once its bytes (and those before it) landed.
         layer_done[next].resize(static_cast<size_t>(it.j - it.i + 1));
@@ -182,10 +214,16 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
         for (int l = it.i; l <= it.j; ++l) {
           t_compute = std::max(t_compute, landed(next, p.b(it.i, l))) + layers[l].exec_ms;
           layer_done[next][l - it.i] = t_compute;
+          if (lends) layer_end[u0 + l] = t_compute;
         }
         t_compute += it.out;
       } else {
         if (it.swapped) t_compute = std::max(t_compute, read_done[next]) + it.bind;
+        const auto [bi, bj] = blocks[next % n];
+        if (lends) {
+          double t = t_compute;
+          for (int l = bi; l <= bj; ++l) layer_end[u0 + l] = t += layers[l].exec_ms;
+        }
         t_compute += it.ex + it.out;
       }
       finish[next] = t_compute;
@@ -211,24 +249,45 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   };
   constexpr std::uint64_t kPage = 4096;
   const std::uint64_t cap = ring_depth == 2 ? ring_bytes : ring_bytes / kPage * kPage;
+  constexpr std::uint64_t kNo = ~std::uint64_t{0};  // does not fit
   std::deque<Held> held;
   std::uint64_t head = 0, held_bytes = 0;
   bool wrapped = false;
-  auto slot = [&](std::uint64_t bytes) -> std::uint64_t {  // cap: does not fit
-    if (ring_depth == 2) return held_bytes + bytes <= cap ? 0 : cap;  // two ends: bytes only
-    if (held.empty()) return bytes <= cap ? 0 : cap;
+  // Where a block ending at most at `lim` (cap, or into the zone) goes, as BlockRing::push.
+  auto slot = [&](std::uint64_t bytes, std::uint64_t lim) -> std::uint64_t {
+    if (ring_depth == 2) return held_bytes + bytes <= cap ? 0 : kNo;  // two ends: bytes only
+    if (held.empty()) return bytes <= lim ? 0 : kNo;
     const std::uint64_t oldest = held.front().off;
-    if (wrapped) return bytes <= oldest - head ? head : cap;
-    if (bytes <= cap - head) return head;
-    return bytes <= oldest ? 0 : cap;
+    const std::uint64_t below = std::min(oldest, lim);
+    if (wrapped) return head <= below && bytes <= below - head ? head : kNo;
+    if (head <= lim && bytes <= lim - head) return head;
+    return bytes <= below ? 0 : kNo;
   };
-  // The same for a block that must start at the ring's first byte.
-  auto place = [&](std::uint64_t bytes, bool first) -> std::uint64_t {
-    if (!first) return slot(bytes);
+  // The same for a block that must start at the ring's first byte (never in the zone).
+  auto place = [&](std::uint64_t bytes, bool first, std::uint64_t lim) -> std::uint64_t {
+    if (!first) return slot(bytes, lim);
     for (const Held& h : held) {
-      if (h.off < bytes) return cap;
+      if (h.off < bytes) return kNo;
     }
-    return bytes <= cap ? 0 : cap;
+    return bytes <= cap ? 0 : kNo;
+  };
+  // Lending: the unrolled layer running at time T (a cursor: T only grows), and the limit a block
+  // of item g read from then may end at.
+  size_t cursor = 0;
+  auto limit_at = [&](double T, size_t g) -> std::uint64_t {
+    if (!lends) return cap;
+    const size_t first_u = (g / n) * static_cast<size_t>(L) + static_cast<size_t>(items[g % n].i);
+    const size_t last_u = (g / n) * static_cast<size_t>(L) + static_cast<size_t>(items[g % n].j);
+    while (cursor < first_u && layer_end[cursor] <= T) ++cursor;
+    const std::uint64_t most = most_need(std::min(cursor, first_u), last_u);
+    return cap + (lend > most ? (lend - most) / kPage * kPage : 0);
+  };
+  // When the limit for item g may next grow after T: the end of the layer running then (before g).
+  auto next_lend = [&](double T, size_t g) -> double {
+    if (!lends) return std::numeric_limits<double>::infinity();
+    const size_t first_u = (g / n) * static_cast<size_t>(L) + static_cast<size_t>(items[g % n].i);
+    (void)limit_at(T, g);
+    return cursor < first_u ? layer_end[cursor] : std::numeric_limits<double>::infinity();
   };
   auto pop = [&](double* room) {
     const Held h = held.front();
@@ -250,13 +309,29 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
                              (ring_depth > 0 && held.size() >= static_cast<size_t>(ring_depth)))) {
       pop(&room);
     }
-    if (stream && ring_depth == 0 && !held.empty() && place(bytes, it.first) >= cap && bytes <= cap &&
-        bytes > kStreamPieceBytes) {
+    if (lends && g > 0) compute_through(g - 1);  // when each layer before it ends (their reads are known)
+    if (stream && ring_depth == 0 && !held.empty() && place(bytes, it.first, limit_at(std::max(t_read, room), g)) == kNo &&
+        bytes <= cap && bytes > kStreamPieceBytes) {
       // Streamed (Note [Streaming into the ring] in allocator/src/ring.cpp): blocks executed by
       // the time the reader gets here are gone; the rest free the block's pieces as they end.
       while (!held.empty() && (compute_through(held.front().g), finish[held.front().g] <= t_read)) pop(&room);
-      if (!held.empty() && place(bytes, it.first) >= cap) {
-        const std::uint64_t off = !it.first && wrapped && bytes <= cap - head ? head : 0;
+      const std::uint64_t lim = it.first ? cap : limit_at(std::max(t_read, room), g);
+      if (!held.empty() && place(bytes, it.first, lim) == kNo) {
+        std::uint64_t off = !it.first && wrapped && head <= cap && bytes <= cap - head ? head : 0;
+        if (lim > cap && bytes <= lim && !wrapped && lim - bytes >= held.front().off) {
+          // Ending in the zone where fewer of its bytes wait, and only for the oldest block (as
+          // BlockRing::push_streamed does).
+          auto held_in = [&](std::uint64_t o, size_t count) {
+            std::uint64_t x = 0;
+            for (size_t i = 0; i < count && i < held.size(); ++i) {
+              const std::uint64_t a = std::max(o, held[i].off), b = std::min(o + bytes, held[i].off + held[i].bytes);
+              if (a < b) x += b - a;
+            }
+            return x;
+          };
+          const std::uint64_t end = lim - bytes;
+          if (held_in(end, held.size()) == held_in(end, 1) && held_in(end, 1) < held_in(off, held.size())) off = end;
+        }
         compute_through(held.back().g);  // when each block it waits for ends (all were read)
         struct Piece {
           double free_at;
@@ -298,9 +373,21 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
         continue;
       }
     }
-    while (!held.empty() && place(bytes, it.first) >= cap) pop(&room);
-    const std::uint64_t at = place(bytes, it.first);
-    const std::uint64_t off = at < cap ? at : 0;  // a block larger than the ring: as if alone
+    // Room opens as older blocks end, or (lending) as the layers that need the zone end.
+    std::uint64_t at = kNo;
+    while (true) {
+      const double T = std::max(t_read, room);
+      at = place(bytes, it.first, it.first ? cap : limit_at(T, g));
+      if (at != kNo || held.empty()) break;
+      compute_through(held.front().g);
+      const double t_layer = it.first ? std::numeric_limits<double>::infinity() : next_lend(T, g);
+      if (t_layer < finish[held.front().g]) {
+        room = std::max(room, t_layer);
+      } else {
+        pop(&room);
+      }
+    }
+    const std::uint64_t off = at != kNo ? at : 0;  // a block larger than the ring: as if alone
     held.push_back(Held{g, off, bytes});
     wrapped = ring_depth != 2 && held.size() > 1 && held.back().off <= held.front().off;
     read_start[g] = std::max(t_read, room);
@@ -345,7 +432,7 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
   part->predicted_ms = part->ring_bytes == 0
                            ? predict_ms(layers, part->blocks, part->resident, m)
                            : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m,
-                                         true, part->retain_block, part->retained_bytes);
+                                         true, part->retain_block, part->retained_bytes, true, part->lend_bytes);
 }
 
 double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte) {
@@ -761,6 +848,7 @@ Partition optimal_partition(const std::vector<LayerCost>& layers, std::uint64_t 
       Partition c;
       assemble(mask, sw, &c);
       c.ring_depth = options.read_ahead == ReadAhead::kTwoEnded ? 2 : 0;
+      c.lend_bytes = deep ? options.lend : 0;
       evaluate(layers, m, &c);  // arena_bytes first: the two-ended ring is just that
       if ((c.ring_depth == 2 ? c.arena_bytes : c.block_max) > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;

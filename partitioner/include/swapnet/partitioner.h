@@ -87,6 +87,9 @@ struct Partition {
   // ring's first bytes. read_bytes and block_max count that rest; memory() the kept part.
   int retain_block = -1;
   std::uint64_t retained_bytes = 0;
+  // The activation reserve the ring may use where activations leave it (deep ring only;
+  // simulate_ms's `lend`): not part of memory(), which the reserve is planned beside.
+  std::uint64_t lend_bytes = 0;
   std::uint64_t memory() const {
     return std::max(ring_depth == 0 && ring_bytes > 0 ? block_max : arena_bytes, ring_bytes) + resident_bytes +
            retained_bytes;
@@ -106,12 +109,16 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // rest is read at the ring's start (Partition::retain_block). `by_layer` (depth 0): a block's
 // layers run as their bytes land, and its bytes are free for a block streaming over them as its
 // layers end, as the executor does on host memory (Note [Layer by layer] in
-// assembly/src/executor.cpp); false: block by block (read-ahead ring-blocks).
+// assembly/src/executor.cpp); false: block by block (read-ahead ring-blocks). `lend` (depth 0):
+// the activation reserve, after the ring's last byte, lent to blocks where the layers from the
+// one running when a block's read starts to the block's last leave it (their LayerCost peak or
+// live bytes), as the executor does on host memory (Note [Lending the activation reserve] in
+// assembly/src/executor.cpp).
 inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
                                const CostModel& m, bool stream = true, int retain_block = -1,
-                               std::uint64_t retained_bytes = 0, bool by_layer = true);
+                               std::uint64_t retained_bytes = 0, bool by_layer = true, std::uint64_t lend = 0);
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
@@ -177,6 +184,9 @@ struct PartitionOptions {
   // Among candidates within this fraction of the fastest prediction, take the one that reads the
   // fewest bytes per inference (resident bytes cost no time once loaded).
   double tolerance = 0.01;
+  // kRing: the activation reserve beside the capacity, lent to the ring where activations leave
+  // it (Partition::lend_bytes); 0: none.
+  std::uint64_t lend = 0;
 };
 // The best partition fitting `capacity` (infeasible below min_arena_bytes()): resident layers,
 // cuts and (but for kPaper) the ring, chosen together by prediction.
