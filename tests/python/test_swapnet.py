@@ -79,6 +79,26 @@ def test_layers_run_as_their_bytes_land(packed):
     assert early["ring-blocks"] == (0, 0), early
 
 
+def test_the_activation_reserve_is_lent_to_blocks(packed):
+    """Note [Lending the activation reserve]: at the minimum budget resnet18's last blocks are
+    read into the bytes its activations leave (after one inference has measured them), outputs
+    stay bit-identical (also those kept while later inferences run), and activations and lent
+    blocks together stay within the budget; read_ahead="ring-reserved" lends nothing."""
+    image, x, ref, _ = packed["resnet18"]
+    lo = swapnet.image_info(image)["min_budget"]
+    for mode in ("ring", "ring-reserved"):
+        ex = swapnet.Executor(image, budget=lo, read_ahead=mode)
+        kept = [ex(x) for _ in range(5)]
+        assert all(torch.equal(y, ref) for y in kept), mode
+        stats = ex.stats
+        assert stats["peak_model_bytes"] <= lo, (mode, stats)
+        if mode == "ring":
+            assert stats["zone_bytes"] > 0 and stats["lent_peak_bytes"] > 0, stats
+            assert stats["zone_peak_bytes"] <= stats["zone_bytes"] and stats["zone_misses"] == 0, stats
+        else:
+            assert stats["zone_bytes"] == 0 and stats["lent_peak_bytes"] == 0, stats
+
+
 def test_pack_a_scripted_module(tmp_path):
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3),
