@@ -636,7 +636,8 @@ struct Executor::Impl {
   // program's allocator outranks the meter (detail::cpu_meter_active). The zone's bytes count
   // as activations: weight_memory() and the ring's accounting leave lent blocks out, and
   // cpu_meter().peak_with_lent counts them with the activations they were lent by.
-  // The planner does not model lending yet: its predictions assume the constant reserve.
+  // The planner plans with it (lend_for, PartitionOptions::lend): its simulation lends by each
+  // layer's activation peak measured at pack, where the executor goes by what it measures.
   bool lends() const { return zone_id != 0 && ring && ring->lend() > 0; }
   // Makes the ring's zone the region of `zone_account` (when it is not already).
   void attach_zone() {
