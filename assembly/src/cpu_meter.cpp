@@ -45,6 +45,9 @@ struct Account {
 constexpr int kMaxAccounts = 256;
 Account g_accounts[kMaxAccounts];
 std::atomic<int> g_next_account{1};
+// Accounts given back (detail::release_cpu_account) with nothing charged to them.
+std::mutex g_free_accounts_mu;
+std::vector<int> g_free_accounts;
 thread_local int t_account = 0;
 
 void raise_peak(std::atomic<std::uint64_t>& peak, std::uint64_t now) {
@@ -150,8 +153,7 @@ struct Region {
     }
     holes.emplace(off, len);
   }
-  // A zone retired with chunks still live: the pages of its holes go back now (the ring that
-  // lent them is gone or replaced; what stays mapped is what is live).
+  // The pages of a zone's holes go back now (its ring is going: nothing is lent or read there).
   void give_holes_back() {
     if (!owner || base == nullptr) return;
     constexpr std::size_t kPage = 4096;
@@ -302,6 +304,14 @@ void reset_cpu_meter_peak() {
 }
 
 int new_cpu_account() {
+  {
+    std::lock_guard<std::mutex> lk(g_free_accounts_mu);
+    if (!g_free_accounts.empty()) {
+      const int a = g_free_accounts.back();
+      g_free_accounts.pop_back();
+      return a;
+    }
+  }
   int a = g_next_account.fetch_add(1);
   if (a >= kMaxAccounts) {
     g_next_account.store(kMaxAccounts);
@@ -338,8 +348,10 @@ std::unique_ptr<Region> replace_region(Cache& c, std::unique_ptr<Region> region)
     old->lent = 0;
   }
   if (old && old->live > 0) {  // owned by its last chunk from now on (cache_free)
+    // A zone's holes keep their pages: the ring may still hold blocks there (lent bytes are
+    // holes here), and may be reading into them. The executor gives them back itself, when
+    // its ring goes (detail::cpu_zone_give_back).
     old->retired = true;
-    old->give_holes_back();
     c.retired_live += old->live;
     old.release();
   }
@@ -412,6 +424,30 @@ void set_cpu_zone(int account, std::uint64_t id, std::uint64_t floor, std::uint6
   r->lent = lent;
   r->peak = std::max<std::uint64_t>(r->peak, r->live + lent);
   raise_peak(g_cpu_peak_with_lent, g_cpu_current.load() + all);
+}
+void cpu_zone_give_back(int account, std::uint64_t id) {
+  if (account <= 0 || account >= kMaxAccounts) return;
+  Cache& c = g_caches[account];
+  std::lock_guard<std::mutex> lk(c.mu);
+  if (c.region && c.region->id == id && id != 0) c.region->give_holes_back();
+}
+void release_cpu_account(int account) {
+  if (account <= 0 || account >= kMaxAccounts) return;
+  Account& a = g_accounts[account];
+  Cache& c = g_caches[account];
+  {
+    std::lock_guard<std::mutex> lk(c.mu);
+    // A tensor still charged to it, or a region: kept (a free must find its account).
+    if (a.current.load() != 0 || c.region || c.retired_live != 0) return;
+    c.hits = c.misses = 0;
+  }
+  a.peak.store(0);
+  a.limit.store(0);
+  a.refused.store(false);
+  a.unzoned_peak.store(0);
+  a.peak_with_lent.store(0);
+  std::lock_guard<std::mutex> lk(g_free_accounts_mu);
+  g_free_accounts.push_back(account);
 }
 ZoneUse cpu_zone_use(int account, std::uint64_t id, bool reset) {
   ZoneUse u;

@@ -36,6 +36,12 @@ struct ZoneUse {
 };
 // `reset`: low_extent and peak start over from now.
 ZoneUse cpu_zone_use(int account, std::uint64_t id, bool reset);
+// Gives back the pages of the zone's holes (its ring is going: nothing is lent or read there).
+// Nothing when zone `id` is not the account's region.
+void cpu_zone_give_back(int account, std::uint64_t id);
+// An account an executor took for itself goes back to the pool for new_cpu_account(), when
+// nothing is charged to it and it has no region (else it stays taken).
+void release_cpu_account(int account);
 
 // Charges the calling thread's allocations to `account` while in scope (0: leaves it as is).
 class AccountScope {

@@ -530,6 +530,7 @@ struct Executor::Impl {
   // `lease_zone` bytes; it only grows after that).
   int zone_account = 0;
   std::uint64_t zone_id = 0;
+  const BlockRing* zone_ring = nullptr;  // the ring whose zone was attached last
   bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
   // The inference's input tensors outside the zone: the reserve counts them (measured with the
   // inputs), so the zone lends that much less.
@@ -640,9 +641,17 @@ struct Executor::Impl {
   // layer's activation peak measured at pack, where the executor goes by what it measures.
   bool lends() const { return zone_id != 0 && ring && ring->lend() > 0; }
   // Makes the ring's zone the region of `zone_account` (when it is not already).
+  // A ring's zone is attached once: after it was detached (another account, a cache turned off
+  // from outside) chunks of the region before may still live there, where a new region would
+  // place over them; that ring lends nothing more (the next plan's ring does).
   void attach_zone() {
     if (!ring || ring->lend() == 0 || zone_account == 0 || measuring) return;
     if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) return;
+    if (zone_ring == ring.get()) {
+      zone_id = 0;
+      return;
+    }
+    zone_ring = ring.get();
     zone_id = detail::set_cpu_account_zone(zone_account, ring->zone_begin(), ring->lend(), ring->memory());
     zone_misses_seen = 0;
     lease_whole = false;
@@ -752,7 +761,10 @@ struct Executor::Impl {
       gpu_idle();
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
+    run.reset();  // its activations go back to their account first
     detach_zone();
+    ring.reset();
+    if (own_account != 0) detail::release_cpu_account(own_account);  // when nothing is charged to it
     free_aligned(pinned_buf);
   }
 
@@ -796,7 +808,12 @@ struct Executor::Impl {
   // Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
   // for the kernels of executed blocks but the newest (which may be running now) to free space.
   void pump(bool may_wait = false) {
-    pump_reads(may_wait);
+    try {
+      pump_reads(may_wait);
+    } catch (...) {
+      sync_zone(run ? run->next_layer() : 0);
+      throw;
+    }
     sync_zone(run ? run->next_layer() : 0);  // the zone's floor follows the blocks held
   }
   void pump_reads(bool may_wait) {
@@ -1180,12 +1197,14 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
   if (m.ring && m.ring->lend() > 0) {
-    // Activations of the inference in progress may live in the zone: its pages stay (given
-    // back once its last chunk is freed), the rest go now.
+    // Activations of the inference in progress may live in the zone: its live chunks keep their
+    // pages (until the last is freed), its holes and the rest go now.
+    if (m.lends()) detail::cpu_zone_give_back(m.zone_account, m.zone_id);
     m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
   }
   m.detach_zone();
   m.ring.reset();
+  m.zone_ring = nullptr;
   if (m.kept) m.kept->release(false);
   m.kept.reset();
   m.drop_pinned();
@@ -2008,9 +2027,13 @@ void release_all(Executor::Impl& m) {
     log(LogLevel::kError, m.path + ": internal: reads in flight after draining; the ring is kept");
     return;
   }
-  if (m.ring && m.ring->lend() > 0) m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
+  if (m.ring && m.ring->lend() > 0) {
+    if (m.lends()) detail::cpu_zone_give_back(m.zone_account, m.zone_id);
+    m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
+  }
   m.detach_zone();
   m.ring.reset();
+  m.zone_ring = nullptr;
   m.kept.reset();
   m.kept_bytes = 0;
   m.kept_state.assign(m.kept_state.size(), Executor::Impl::Kept::kNone);
