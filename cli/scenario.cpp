@@ -43,6 +43,18 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     throw Error(path + ": not valid JSON: " + e.what());
   }
   auto field = [&](const std::string& where) { return path + ": field '" + where + "'"; };
+  // An integer within [lo, hi]: a fraction, a number out of range (JSON reads 1e20 as a float,
+  // which no int holds) or anything else is refused, naming the field, the value and the range.
+  auto integer = [&](const json& v, const std::string& where, long long lo, long long hi) -> long long {
+    const bool in = v.is_number_unsigned()  ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)
+                    : v.is_number_integer() ? v.get<long long>() >= lo && v.get<long long>() <= hi
+                                            : false;
+    if (!in || (v.is_number_unsigned() && static_cast<long long>(v.get<std::uint64_t>()) < lo)) {
+      throw Error(field(where) + ": " + v.dump() + " is not an integer in " + std::to_string(lo) + ".." +
+                  std::to_string(hi));
+    }
+    return v.get<long long>();
+  };
   if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
   static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
                                               "schedule", "description", "scheduler", "workers", "groups"};
@@ -60,8 +72,7 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
     s.total = t.is_number() ? std::to_string(t.get<std::uint64_t>()) : t.get<std::string>();
     s.policy = j.value("policy", s.policy);
     s.scheduler = j.value("scheduler", s.scheduler);
-    s.workers = j.value("workers", s.workers);
-    if (s.workers < 1) throw Error(field("workers") + ": " + std::to_string(s.workers) + " must be >= 1");
+    if (j.contains("workers")) s.workers = static_cast<int>(integer(j["workers"], "workers", 1, 1024));
     s.duration_s = j.value("duration_s", s.duration_s);
   } catch (const json::exception& e) {
     throw Error(path + ": " + e.what());
@@ -102,9 +113,11 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
         throw Error(field(at + ".device") + ": '" + sm.device + "' is not cpu or cuda");
       }
       sm.rt.options.device = sm.device == "cuda" ? ExecutorOptions::Device::kCUDA : ExecutorOptions::Device::kCPU;
-      sm.rt.threads = m.value("threads", 0);
-      if (sm.rt.threads < 0) throw Error(field(at + ".threads") + " must be >= 0");
-      sm.rt.cpus = m.value("cpus", std::vector<int>{});
+      sm.rt.threads = m.contains("threads") ? static_cast<int>(integer(m["threads"], at + ".threads", 0, 1024)) : 0;
+      if (m.contains("cpus")) {
+        if (!m["cpus"].is_array()) throw Error(field(at + ".cpus") + " must be a list of CPU numbers");
+        for (const json& c : m["cpus"]) sm.rt.cpus.push_back(static_cast<int>(integer(c, at + ".cpus", 0, 65535)));
+      }
       sm.rate_hz = m.value("rate_hz", 0.0);
       if (sm.rate_hz < 0) throw Error(field(at + ".rate_hz") + " must be >= 0 (0: closed loop)");
       sm.period_ms = m.value("period_ms", 0.0);

@@ -17,6 +17,9 @@ mkdir -p "$work/corpus" "$work/seeds"
   "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" \
   -o "$work/fuzz_scenario"
 cp "$src"/scheduler/scenarios/*.json "$work/seeds/"
+# Inputs it found once (replayed every run): workers_1e20.json, an integer field JSON reads as a
+# float no int holds (UBSan: float-to-int out of range).
+cp "$src"/tests/fuzz_scenario_regressions/* "$work/seeds/"
 cd "$work"
 ./fuzz_scenario -max_total_time="$seconds" -seed=1 -rss_limit_mb=2048 -max_len=8192 -timeout=10 \
   -dict="$src/tests/fuzz_scenario.dict" \
