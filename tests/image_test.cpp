@@ -33,12 +33,21 @@
 namespace swapnet {
 namespace {
 
+// One directory per process, removed at exit (each test runs in its own process under ctest).
 std::string temp_dir() {
-  static std::string dir = [] {
-    char tmpl[] = "/tmp/swapnet-image-test-XXXXXX";
-    return std::string(::mkdtemp(tmpl));
-  }();
-  return dir;
+  struct TempDir {
+    std::string path;
+    TempDir() {
+      char tmpl[] = "/tmp/swapnet-image-test-XXXXXX";
+      path = ::mkdtemp(tmpl);
+    }
+    ~TempDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static TempDir dir;
+  return dir.path;
 }
 
 // An image of `layers` layers, each with two float tensors of random contents (one strided).

@@ -5,7 +5,9 @@
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "swapnet/assembly.h"
@@ -23,11 +25,21 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   PackOptions po;
   po.activation_bytes = measure_activation_bytes(sk, {x}, &po.layer_peak_bytes);
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
-  static std::string dir = [] {
-    char t[] = "/tmp/swapnet-test-XXXXXX";
-    return std::string(::mkdtemp(t));
-  }();
-  std::string path = dir + "/" + name + ".swapnet";
+  // One directory per process, removed at exit: a test run packs in each of its ~200 test
+  // processes, and leaving 59 MB each behind filled /tmp within a day of runs.
+  struct TempDir {
+    std::string path;
+    TempDir() {
+      char t[] = "/tmp/swapnet-test-XXXXXX";
+      path = ::mkdtemp(t);
+    }
+    ~TempDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static TempDir dir;
+  std::string path = dir.path + "/" + name + ".swapnet";
   sk.pack(path, po);
   return path;
 }
