@@ -179,7 +179,11 @@ def main() -> int:
         "scheduler": ({"scheduler": "edf9"}, "scheduler 'edf9' is not one of threads, fifo, rr, sel, lst"),
         "jitter": ({"models": [{"image": "resnet18.swapnet", "period_ms": 10, "jitter_ms": 10}]},
                    "field 'models[0].jitter_ms': 10.000000 must be >= 0 and below period_ms"),
-        "workers": ({"workers": 0}, "field 'workers': 0 must be >= 1"),
+        "workers": ({"workers": 0}, "field 'workers': 0 is not an integer in 1..1024"),
+        # JSON reads this as a float, which no int holds (found by fuzz.scenario).
+        "workers_huge": ({"workers": 184467440737095516160}, "field 'workers': 1.844674407370955e+20 is not an integer in 1..1024"),
+        "threads": ({"models": [{"image": "resnet18.swapnet", "threads": 1.5}]},
+                    "field 'models[0].threads': 1.5 is not an integer in 0..1024"),
         "groupmodel": ({"groups": [{"models": ["r18", "yolo"], "period_ms": 50}]},
                        "field 'groups[0].models': 'yolo' is not a model of the scenario"),
         "grouprepeat": ({"groups": [{"models": ["r18", "r18"], "period_ms": 50}]}, "field 'groups[0].models': 'r18' is listed twice"),
