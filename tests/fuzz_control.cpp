@@ -20,8 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "swapnet/scheduler.h"
@@ -57,7 +59,8 @@ struct Server {
   }
   ~Server() {
     server.reset();
-    ::rmdir(dir.c_str());
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
 };
 
@@ -82,6 +85,14 @@ void send_some(int fd, const void* p, std::size_t n) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static Server* s = new Server();  // one server for the whole run, as in a serve
+  // Its directory goes at exit (the server itself is left running to the end, as in a serve).
+  static const struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove_at_exit{s->dir};
   static const char* known[] = {"status\n", "budget 64 MiB\n", "budget 0\n", "budget\n"};
   std::vector<int> clients;
   std::size_t i = 0;

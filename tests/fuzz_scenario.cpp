@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <string>
+#include <system_error>
 
 #include "scenario.h"
 #include "swapnet/swapcore.h"
@@ -34,6 +36,10 @@ struct Dir {
       std::fclose(f);
     }
     file = root + "/scenario.json";
+  }
+  ~Dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
   }
 };
 

@@ -29,26 +29,12 @@
 #include <vector>
 
 #include "swapnet/swapcore.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace {
 
-// One directory per process, removed at exit (each test runs in its own process under ctest).
-std::string temp_dir() {
-  struct TempDir {
-    std::string path;
-    TempDir() {
-      char tmpl[] = "/tmp/swapnet-image-test-XXXXXX";
-      path = ::mkdtemp(tmpl);
-    }
-    ~TempDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  };
-  static TempDir dir;
-  return dir.path;
-}
+const std::string& temp_dir() { return test_util::process_temp_dir(); }
 
 // An image of `layers` layers, each with two float tensors of random contents (one strided).
 struct Fixture {

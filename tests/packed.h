@@ -3,11 +3,7 @@
 #pragma once
 
 #include <torch/script.h>
-#include <unistd.h>
-
-#include <filesystem>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "swapnet/assembly.h"
@@ -25,21 +21,9 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   PackOptions po;
   po.activation_bytes = measure_activation_bytes(sk, {x}, &po.layer_peak_bytes);
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
-  // One directory per process, removed at exit: a test run packs in each of its ~200 test
-  // processes, and leaving 59 MB each behind filled /tmp within a day of runs.
-  struct TempDir {
-    std::string path;
-    TempDir() {
-      char t[] = "/tmp/swapnet-test-XXXXXX";
-      path = ::mkdtemp(t);
-    }
-    ~TempDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  };
-  static TempDir dir;
-  std::string path = dir.path + "/" + name + ".swapnet";
+  // In a directory removed at exit: a test run packs in each of its ~200 test processes, and
+  // leaving 59 MB each behind filled /tmp within a day of runs.
+  std::string path = process_temp_dir() + "/" + name + ".swapnet";
   sk.pack(path, po);
   return path;
 }

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "swapnet/partitioner.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace {
@@ -663,8 +664,8 @@ TEST(CostFit, RecoversKnownCoefficientsAndClampsNegativeOnes) {
 }
 
 TEST(DeviceProfileFile, RoundTripsAndRefusesBadFields) {
-  char tmpl[] = "/tmp/swapnet-partitioner-test-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  test_util::ScopedTempDir tmp("swapnet-partitioner-test");
+  const std::string dir = tmp.path();
   const std::string path = dir + "/sub/device.json";
   DeviceProfile p;
   p.threads = 3;

@@ -352,17 +352,17 @@ TEST(Dispatch, EwmaSeedsThenMovesATenthOfTheWay) {
 }
 
 TEST(BudgetSource, FileMeminfoAndCgroup) {
-  char dir[] = "/tmp/swapnet-source-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string file = std::string(dir) + "/budget";
+  test_util::ScopedTempDir tmp("swapnet-source");
+  const std::string dir = tmp.path();
+  const std::string file = dir + "/budget";
   std::ofstream(file) << "600MiB\n";
   EXPECT_EQ(BudgetSource("file:" + file).read(), 600 * MiB);
   std::ofstream(file) << "lots";
   EXPECT_NE(error_of([&] { BudgetSource("file:" + file).read(); }).find(file + ": 'lots' is not a size"),
             std::string::npos);
-  const std::string cg = std::string(dir) + "/memory.limit_in_bytes";
+  const std::string cg = dir + "/memory.limit_in_bytes";
   std::ofstream(cg) << "1073741824\n";
-  EXPECT_EQ(BudgetSource("cgroup:" + std::string(dir)).read(), 1024 * MiB);
+  EXPECT_EQ(BudgetSource("cgroup:" + dir).read(), 1024 * MiB);
   const std::uint64_t avail = BudgetSource("meminfo:0").read();
   EXPECT_GT(avail, 0u);
   EXPECT_LE(BudgetSource("meminfo:1GiB").read(), avail);
@@ -612,9 +612,9 @@ TEST(ControlServer, StalledClientsDelayNoBudgetChange) {
     std::uint64_t total_budget() const override { return total; }
     std::string status_json() const override { return "{\"total_budget_bytes\":" + std::to_string(total.load()) + "}"; }
   } target;
-  char dir[] = "/tmp/swapnet-ctl-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/serve.sock";
+  test_util::ScopedTempDir tmp("swapnet-ctl");
+  const std::string dir = tmp.path();
+  const std::string path = dir + "/serve.sock";
   ControlServer server(&target, path);
   auto connect_raw = [&] {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -675,15 +675,15 @@ TEST(ControlServer, StalledClientsDelayNoBudgetChange) {
 TEST(Runtime, ControlSocketIsOwnerOnlyAndSetsTheBudget) {
   Models s = small_models();
   auto rt = Runtime::open(specs(s), 1u << 30);
-  char dir[] = "/tmp/swapnet-ctl-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/sub/serve.sock";
+  test_util::ScopedTempDir tmp("swapnet-ctl");
+  const std::string dir = tmp.path();
+  const std::string path = dir + "/sub/serve.sock";
   {
     ControlServer server(rt.get(), path);
     struct stat sb;
     ASSERT_EQ(::stat(path.c_str(), &sb), 0);
     EXPECT_EQ(sb.st_mode & 0777, 0600u);
-    ASSERT_EQ(::stat((std::string(dir) + "/sub").c_str(), &sb), 0);
+    ASSERT_EQ(::stat((dir + "/sub").c_str(), &sb), 0);
     EXPECT_EQ(sb.st_mode & 0777, 0700u);
     const std::uint64_t total = rt->demands()[0].full_bytes + rt->demands()[1].min_bytes;
     EXPECT_EQ(control_request(path, "budget " + std::to_string(total)), "ok " + std::to_string(total));
@@ -698,7 +698,7 @@ TEST(Runtime, ControlSocketIsOwnerOnlyAndSetsTheBudget) {
   }
   EXPECT_NE(error_of([&] { control_request(path, "status"); }).find("no swapnet serve answers there"),
             std::string::npos);
-  const std::string not_socket = std::string(dir) + "/results.csv";
+  const std::string not_socket = dir + "/results.csv";
   std::ofstream(not_socket) << "keep me\n";
   EXPECT_NE(error_of([&] { ControlServer c(rt.get(), not_socket); }).find("exists and is not a socket"),
             std::string::npos);
@@ -711,9 +711,9 @@ TEST(Runtime, BudgetWatcherFollowsAFile) {
   Models s = small_models();
   const std::uint64_t start = 1u << 30;
   auto rt = Runtime::open(specs(s), start);
-  char dir[] = "/tmp/swapnet-watch-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string file = std::string(dir) + "/budget";
+  test_util::ScopedTempDir tmp("swapnet-watch");
+  const std::string dir = tmp.path();
+  const std::string file = dir + "/budget";
   std::ofstream(file) << start << "\n";
   BudgetWatcher w(rt.get(), BudgetSource("file:" + file), std::chrono::milliseconds(5));
   const std::uint64_t next = rt->demands()[0].min_bytes + rt->demands()[1].min_bytes + 4 * MiB;

@@ -1,9 +1,14 @@
 // Helpers shared by the torch-facing tests: model paths and error messages.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "swapnet/swapcore.h"
 
@@ -14,6 +19,33 @@ namespace test_util {
 inline std::string model(const std::string& name) {
   const char* dir = std::getenv("SWAPNET_MODELS");
   return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
+}
+
+// A directory made under /tmp (`prefix` + a unique suffix) and removed with everything in it
+// when the object goes. Tests run ~200 processes a run; leaving their files behind filled /tmp.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix = "swapnet-test") {
+    std::string t = "/tmp/" + prefix + "-XXXXXX";
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp " + t + " failed");
+    path_ = t;
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// One directory per process, removed at exit (each test runs in its own process under ctest).
+inline const std::string& process_temp_dir() {
+  static ScopedTempDir dir;
+  return dir.path();
 }
 
 // The message of the swapnet::Error that f throws, or "(no error)".
