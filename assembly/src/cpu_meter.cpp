@@ -104,15 +104,26 @@ struct Region {
     return holes.begin()->first == 0 ? holes.begin()->second : 0;
   }
   // Best fit among the holes that hold `len` at or above `at`, placed at the hole's top: the
-  // chunks pack against the region's end, so a zone's low bytes stay free for the ring.
+  // chunks pack against the region's end, so a zone's low bytes stay free for the ring. The
+  // bottom hole (from offset 0 to the lowest chunk) is taken only where no other hole fits: so
+  // the chunks land at the same distances from the end in a zone of any size they fit in, and a
+  // zone as large as the extent measured at pack (measure_activation_bytes, in a zone of
+  // unbounded size) places them all (best fit counting the bottom hole by its length put a
+  // chunk low in a small zone, where it had gone into a hole above in a large one: resnet101's
+  // zone refused two chunks every inference at 10.0 and 11.2 of its 11.8 MiB).
   char* place(std::size_t len) {
     auto pick = [&](std::size_t at) {
       auto best = holes.end();
       for (auto it = holes.begin(); it != holes.end(); ++it) {
+        if (it->first == 0) continue;  // the bottom hole, below
         if (it->second >= len && it->first + it->second - len >= at &&
             (best == holes.end() || it->second < best->second)) {
           best = it;
         }
+      }
+      if (best == holes.end() && !holes.empty()) {
+        auto bottom = holes.begin();
+        if (bottom->first == 0 && bottom->second >= len && bottom->second - len >= at) best = bottom;
       }
       return best;
     };

@@ -56,10 +56,13 @@
 #include <map>
 #include <sstream>
 #include <set>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "cpu_meter.h"
 #include "flops.h"
 #include "swapnet/assembly.h"
 #include "text.h"
@@ -1019,28 +1022,77 @@ c10::IValue Skeleton::profile(const std::vector<c10::IValue>& inputs, const Prof
 std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
                                        std::vector<std::uint64_t>* layer_peaks) {
   install_cpu_meter();
-  reset_cpu_meter_peak();
-  const std::uint64_t base = cpu_meter().current;
-  std::vector<c10::IValue> copies;
-  for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
-  // Held to the end, as a caller holds the inputs it passes (the run would free them once used,
-  // and the reserve then fell short by the input's bytes).
-  const std::vector<c10::IValue> held = copies;
-  Skeleton::Run run = sk.begin(std::move(copies));
-  std::uint64_t peak = cpu_meter().peak;
-  const int L = static_cast<int>(sk.layers().size());
-  if (layer_peaks) layer_peaks->assign(L, 0);
-  for (int k = 0; k < L; ++k) {
-    reset_cpu_meter_peak();
-    sk.run_layer(run);
-    const std::uint64_t p = cpu_meter().peak;
-    peak = std::max(peak, p);
-    if (layer_peaks) (*layer_peaks)[k] = p > base ? p - base : 0;
+  // Note [Lending the activation reserve] (executor.cpp): the reserve becomes a zone that places
+  // chunks from its end, best fit; fragmentation makes their extent exceed the bytes live at
+  // once. So the forward runs under an account of its own whose region is a zone too large to
+  // fill (address space only: pages are touched where chunks land), and the reserve (and each
+  // layer's peak) is the most of the bytes live and of the extent plus the account's bytes
+  // outside the zone (allocations too small to place): what the executor measures a layer's
+  // reach by. Where the meter is not libtorch's allocator, or no account is left, the bytes
+  // live alone.
+  struct Scratch {
+    int account = 0;
+    std::uint64_t zone = 0;
+    ~Scratch() {
+      if (account == 0) return;
+      set_cpu_account_cache(account, 0);  // the zone goes (its pages with its last chunk)
+      detail::release_cpu_account(account);
+    }
+  } scratch;
+  if (detail::cpu_meter_active()) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const std::uint64_t bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * page : 0;
+    void* p = bytes ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                    : MAP_FAILED;
+    if (p != MAP_FAILED) {
+      std::shared_ptr<void> owner(p, [bytes](void* q) { ::munmap(q, bytes); });
+      scratch.account = new_cpu_account();
+      if (scratch.account != 0) {
+        scratch.zone = detail::set_cpu_account_zone(scratch.account, static_cast<char*>(p), bytes, std::move(owner));
+      }
+    }
   }
-  reset_cpu_meter_peak();
-  sk.finish(run);
-  peak = std::max(peak, cpu_meter().peak);
-  return peak > base ? peak - base : 0;
+  auto zone_reach = [&] {  // since the last call: the extent reached plus the bytes outside
+    if (scratch.zone == 0) return std::uint64_t{0};
+    const detail::ZoneUse u = detail::cpu_zone_use(scratch.account, scratch.zone, true);
+    return u.attached ? u.low_extent + u.unzoned_peak : 0;
+  };
+  std::uint64_t peak = 0;
+  {
+    detail::AccountScope charge(scratch.account);
+    reset_cpu_meter_peak();
+    (void)zone_reach();
+    const std::uint64_t base = cpu_meter().current;
+    std::vector<c10::IValue> copies;
+    for (const auto& v : inputs) copies.emplace_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
+    // Held to the end, as a caller holds the inputs it passes (the run would free them once used,
+    // and the reserve then fell short by the input's bytes).
+    const std::vector<c10::IValue> held = copies;
+    Skeleton::Run run = sk.begin(std::move(copies));
+    std::uint64_t live_peak = 0, zone_peak = 0;
+    auto since = [&] {  // the peak since the last call
+      const std::uint64_t p = cpu_meter().peak, live = p > base ? p - base : 0, zone = zone_reach();
+      live_peak = std::max(live_peak, live);
+      zone_peak = std::max(zone_peak, zone);
+      return std::max(live, zone);
+    };
+    peak = since();
+    const int L = static_cast<int>(sk.layers().size());
+    if (layer_peaks) layer_peaks->assign(L, 0);
+    for (int k = 0; k < L; ++k) {
+      reset_cpu_meter_peak();
+      sk.run_layer(run);
+      const std::uint64_t p = since();
+      peak = std::max(peak, p);
+      if (layer_peaks) (*layer_peaks)[k] = p;
+    }
+    reset_cpu_meter_peak();
+    c10::IValue out = sk.finish(run);
+    peak = std::max(peak, since());
+    log(LogLevel::kDebug, "activations: " + format_bytes(live_peak) + " live at most, " +
+                              (scratch.zone ? format_bytes(zone_peak) + " as placed in a zone" : "no zone (meter not in use)"));
+  }
+  return peak;
 }
 
 }  // namespace swapnet
