@@ -46,10 +46,10 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   // An integer within [lo, hi]: a fraction, a number out of range (JSON reads 1e20 as a float,
   // which no int holds) or anything else is refused, naming the field, the value and the range.
   auto integer = [&](const json& v, const std::string& where, long long lo, long long hi) -> long long {
-    const bool in = v.is_number_unsigned()  ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)
-                    : v.is_number_integer() ? v.get<long long>() >= lo && v.get<long long>() <= hi
-                                            : false;
-    if (!in || (v.is_number_unsigned() && static_cast<long long>(v.get<std::uint64_t>()) < lo)) {
+    // An unsigned beyond `hi` (up to 2^64 - 1) would wrap as long long: compared unsigned first.
+    const bool whole = v.is_number_integer() &&
+                       (!v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi));
+    if (!whole || v.get<long long>() < lo || v.get<long long>() > hi) {
       throw Error(field(where) + ": " + v.dump() + " is not an integer in " + std::to_string(lo) + ".." +
                   std::to_string(hi));
     }

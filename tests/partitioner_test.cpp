@@ -394,15 +394,22 @@ TEST(Partitioner, KeepsTheSmallLayersBehindTwoThatCannotStay) {
   EXPECT_LT(p.predicted_ms, optimal_partition(layers, cap, m, none).predicted_ms * 0.95);
 }
 
-// vgg19's shape: a layer holding most of the capacity. Kept or swapped whole it is read every
-// inference; the plan keeps most of it and reads the rest (Note [Keeping part of a block]):
-// fewer bytes, and a prediction faster than the same blocks without it.
-TEST(Partitioner, KeepsPartOfALayerThatHoldsMostOfTheBudget) {
+// vgg19's shape: sixteen 5 MiB convolutions, then a 400 MiB layer that holds most of a 430 MiB
+// budget, and two smaller fully connected ones.
+std::vector<LayerCost> vgg_like() {
   std::vector<LayerCost> layers;
   for (int k = 0; k < 16; ++k) layers.push_back(LayerCost{5u << 20, 2, 12.0, 4 << 20, 8 << 20});
   layers.push_back(LayerCost{400u << 20, 2, 20.0, 1 << 20, 1 << 20});
   layers.push_back(LayerCost{64u << 20, 2, 4.0, 1 << 20, 1 << 20});
   layers.push_back(LayerCost{16u << 20, 2, 1.0, 1 << 20, 1 << 20});
+  return layers;
+}
+
+// vgg19's shape: a layer holding most of the capacity. Kept or swapped whole it is read every
+// inference; the plan keeps most of it and reads the rest (Note [Keeping part of a block]):
+// fewer bytes, and a prediction faster than the same blocks without it.
+TEST(Partitioner, KeepsPartOfALayerThatHoldsMostOfTheBudget) {
+  const std::vector<LayerCost> layers = vgg_like();
   const std::uint64_t cap = 430u << 20;
   const CostModel m = io_heavy();
   Partition p = optimal_partition(layers, cap, m);
@@ -429,11 +436,7 @@ TEST(Partitioner, KeepsPartOfALayerThatHoldsMostOfTheBudget) {
 // part wins by reading less (vgg19 at 2 GB/s read all 575 MB every inference while a plan
 // keeping 344 MB of fc6 was predicted as fast).
 TEST(Partitioner, KeepsPartOfALargeLayerWhereReadsHideBehindCompute) {
-  std::vector<LayerCost> layers;
-  for (int k = 0; k < 16; ++k) layers.push_back(LayerCost{5u << 20, 2, 12.0, 4 << 20, 8 << 20});
-  layers.push_back(LayerCost{400u << 20, 2, 20.0, 1 << 20, 1 << 20});
-  layers.push_back(LayerCost{64u << 20, 2, 4.0, 1 << 20, 1 << 20});
-  layers.push_back(LayerCost{16u << 20, 2, 1.0, 1 << 20, 1 << 20});
+  const std::vector<LayerCost> layers = vgg_like();
   const std::uint64_t cap = 430u << 20;
   for (double mb_per_ms : {4.0, 8.0, 16.0}) {  // 560 MiB in 147, 73, 37 ms; 217 ms of compute
     const CostModel m = reads_and_compute_only(1.0 / (mb_per_ms * 1e6));

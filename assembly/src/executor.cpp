@@ -662,6 +662,18 @@ struct Executor::Impl {
     }
     sync_zone(run ? run->next_layer() : 0);
   }
+  // The ring goes (a new plan, or release): the zone's holes and the ring's pages go back now;
+  // activations of the inference in progress may live in the zone, and its live chunks keep
+  // their pages until the last is freed.
+  void drop_ring() {
+    if (ring && ring->lend() > 0) {
+      if (lends()) detail::cpu_zone_give_back(zone_account, zone_id);
+      ring->discard_except({{ring->zone_begin(), ring->lend()}});
+    }
+    detach_zone();
+    ring.reset();
+    zone_ring = nullptr;
+  }
   // The zone stops being the account's region (its live chunks keep its pages until freed).
   void detach_zone() {
     if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) {
@@ -1196,15 +1208,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   const auto t_drained = std::chrono::steady_clock::now();
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
-  if (m.ring && m.ring->lend() > 0) {
-    // Activations of the inference in progress may live in the zone: its live chunks keep their
-    // pages (until the last is freed), its holes and the rest go now.
-    if (m.lends()) detail::cpu_zone_give_back(m.zone_account, m.zone_id);
-    m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
-  }
-  m.detach_zone();
-  m.ring.reset();
-  m.zone_ring = nullptr;
+  m.drop_ring();
   if (m.kept) m.kept->release(false);
   m.kept.reset();
   m.drop_pinned();
@@ -2027,13 +2031,7 @@ void release_all(Executor::Impl& m) {
     log(LogLevel::kError, m.path + ": internal: reads in flight after draining; the ring is kept");
     return;
   }
-  if (m.ring && m.ring->lend() > 0) {
-    if (m.lends()) detail::cpu_zone_give_back(m.zone_account, m.zone_id);
-    m.ring->discard_except({{m.ring->zone_begin(), m.ring->lend()}});
-  }
-  m.detach_zone();
-  m.ring.reset();
-  m.zone_ring = nullptr;
+  m.drop_ring();
   m.kept.reset();
   m.kept_bytes = 0;
   m.kept_state.assign(m.kept_state.size(), Executor::Impl::Kept::kNone);
