@@ -21,11 +21,15 @@ def num(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
+def pct(x):
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
 def mb(x):
     return "-" if x is None else f"{x / MB:.0f}"
 
 
-cols = ["model", "rate", "budget MB", "direct ms", "swapnet ms", "naive ms", "io_bound ms", "raw MB/s",
+cols = ["model", "rate", "budget MB", "direct ms", "swapnet ms", "naive ms", "io_bound ms", "raw MB/s", "disk busy",
         "swapnet / max(direct, io_bound)", "memory bound ms", "swapnet / physical bound", "reserve bound ms", "swapnet / reserve bound", "direct under reads ms", "swapnet / max(that, io_bound)", "naive / swapnet", "read MB/inf", "least MB", "read / least",
         "page cache MB direct/swapnet/naive", "predicted error", "bit-identical"]
 print("| " + " | ".join(cols) + " |")
@@ -34,7 +38,7 @@ for r in rows:
     least = r["read_vs_least"]
     print("| " + " | ".join([
         r["model"], r["rate"], mb(r["budget_bytes"]), f'{r["direct_ms"]:.0f}', f'{r["swapnet_ms"]:.0f}',
-        num(r["naive_ms"], ".0f") if r["naive_ms"] is not None else "does not fit", f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', f'{r["ratio_vs_bound"]:.3f}',
+        num(r["naive_ms"], ".0f") if r["naive_ms"] is not None else "does not fit", f'{r["io_bound_ms"]:.0f}', f'{r["raw_io_mb_s"]:.0f}', pct(r.get("disk_busy_fraction")), f'{r["ratio_vs_bound"]:.3f}',
         num(r.get("memory_bound_ms"), ".0f"), num(r.get("ratio_vs_physical_bound"), ".3f"),
         num(r.get("reserve_bound_ms"), ".0f"), num(r.get("ratio_vs_reserve_bound"), ".3f"),
         f'{r["direct_under_io_ms"]:.0f}', f'{r["ratio_vs_bound_under_io"]:.3f}',

@@ -477,6 +477,23 @@ TEST_P(Reader, ReadsExactBytesWithChecksums) {
   EXPECT_EQ(r->bytes_read(), info_.data_size);
 }
 
+// busy_seconds() counts the time a read was with the kernel: within the time the reads took,
+// and not the time the reader sat idle after them.
+TEST_P(Reader, BusyTimeCountsOnlyTimeWithAReadInFlight) {
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());
+  EXPECT_EQ(r->busy_seconds(), 0.0);
+  Buf buf(info_.data_size);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(r->read(info_.data_offset, info_.data_size, buf.p).ok());
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double busy = r->busy_seconds();
+  EXPECT_GT(busy, 0.0);
+  EXPECT_LE(busy, elapsed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(r->busy_seconds(), busy) << "idle time counted as busy";
+}
+
 TEST_P(Reader, ManyReadsInFlightCompleteIndependently) {
   std::unique_ptr<BlockReader> r;
   ASSERT_TRUE(BlockReader::open(path_, options(), &r).ok());

@@ -1953,6 +1953,7 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   p.lent_peak_bytes = impl_->lent_peak;
   p.zone_peak_bytes = impl_->zone_peak;
   p.zone_misses = impl_->zone_misses;
+  p.disk_busy_ms = impl_->reader->busy_seconds() * 1e3;
   return p;
 }
 std::uint64_t Executor::streamed_blocks() const {

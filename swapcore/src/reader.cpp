@@ -257,6 +257,19 @@ struct BlockReader::Impl {
   std::shared_ptr<SharedDisk> disk;
   int disk_id = 0;
   std::atomic<std::uint64_t> disk_wakes{0};  // bumped by the disk when a slot may be ours
+  // Time with at least one request in the kernel (BlockReader::busy_seconds), under `mu`: the
+  // periods ended, and when the one going on began.
+  double busy_total = 0;  // seconds
+  bool busy = false;
+  std::chrono::steady_clock::time_point busy_since;
+  // After `in_flight` changed (under `mu`): a busy period begins or ends.
+  void busy_to(unsigned in_flight) {
+    if ((in_flight > 0) == busy) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (busy) busy_total += std::chrono::duration<double>(now - busy_since).count();
+    else busy_since = now;
+    busy = !busy;
+  }
 
   ~Impl() {
     {
@@ -507,6 +520,7 @@ struct BlockReader::Impl {
         issue_uring(requests[i], i);
         ++in_flight;
       }
+      busy_to(in_flight);
       int rc = io_uring_submit(&ring);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
         // The ring itself failed: fail every read in flight, keep the thread alive.
@@ -550,6 +564,7 @@ struct BlockReader::Impl {
         }
         disk_release(in_flight);
         in_flight = 0;
+        busy_to(0);
         continue;
       }
       io_uring_cqe* cqe = nullptr;
@@ -568,6 +583,7 @@ struct BlockReader::Impl {
         }
       }
       io_uring_cq_advance(&ring, seen);
+      busy_to(in_flight);
       notify_hashers();
       if (in_flight == 0) {  // nothing more will wake this loop for these jobs: finish them now
         hash_unwaited(lock);
@@ -594,6 +610,7 @@ struct BlockReader::Impl {
         retire_finished_locked();
         continue;
       }
+      busy_to(1);
       lock.unlock();
       bool done = false;
       while (!done) {
@@ -601,6 +618,7 @@ struct BlockReader::Impl {
         long res = n < 0 ? -static_cast<long>(errno) : static_cast<long>(n);
         lock.lock();
         done = complete(r, res);
+        if (done) busy_to(0);  // before a waiter can see the read done
         lock.unlock();
       }
       lock.lock();
@@ -876,6 +894,13 @@ Status BlockReader::check_file() const {
 const std::string& BlockReader::path() const { return impl_->path; }
 std::uint64_t BlockReader::file_size() const { return impl_->size; }
 std::uint64_t BlockReader::bytes_read() const { return impl_->bytes_read.load(); }
+
+double BlockReader::busy_seconds() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  double t = impl_->busy_total;
+  if (impl_->busy) t += std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->busy_since).count();
+  return t;
+}
 
 // ---- check ------------------------------------------------------------------------------
 

@@ -430,6 +430,9 @@ class SWAPNET_API Executor {
     std::uint64_t lent_peak_bytes = 0;
     std::uint64_t zone_peak_bytes = 0;
     std::uint64_t zone_misses = 0;
+    // BlockReader::busy_seconds of this executor's reader, in ms: how long the disk had a read
+    // of ours, since open.
+    double disk_busy_ms = 0;
   };
   PipelineStats pipeline_stats() const;
   // Inputs whose activations were measured since open (Note [Dynamic shapes] in executor.cpp):

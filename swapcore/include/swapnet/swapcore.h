@@ -284,6 +284,10 @@ class SWAPNET_API BlockReader {
   const std::string& path() const;
   std::uint64_t file_size() const;
   std::uint64_t bytes_read() const;  // total completed
+  // Seconds, since open, during which at least one of this reader's requests was with the kernel:
+  // the disk was working for it. Over a stretch of inferences, busy time / elapsed time near 1
+  // means the reads, not compute, set the pace (an I/O-bound pipeline with an idle-free disk).
+  double busy_seconds() const;
 
  private:
   struct Impl;
