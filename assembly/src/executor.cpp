@@ -412,6 +412,11 @@ void require_cuda(const std::string& origin) {
 //    least weights and the layer, and never runs over budget;
 //  - after it, its peak joins the profiles and the reserve becomes the largest peak measured
 //    (plans never shrink it: a smaller input later is covered), and the budget is re-planned.
+//    The peak is what pack records (measure_activation_bytes): the most of the bytes live and of
+//    the extent the activations reached in a zone (a scratch zone of the allowance's size is the
+//    account's region meanwhile), plus the bytes outside it; the bytes live alone fell short of
+//    the zone a later inference of that input places them in, and a chunk left out of the zone
+//    is memory past the budget.
 // An input larger only at run time costs one slower inference (the least-weight plan), then runs
 // at full speed; a sequence growing by one token per call (generation) would be measured at
 // every call, so such models record their largest input when packed (--input-profile). A budget
@@ -483,8 +488,34 @@ struct Executor::Impl {
     std::uint64_t base = 0;         // the account's bytes at begin()
     std::uint64_t input_bytes = 0;  // forward's input tensors (counted as pack counts them)
     std::uint64_t reserve = 0;      // the reserve before (restored if the measurement fails)
+    // A zone of the allowance's size (address space; pages touched where chunks land) is the
+    // account's region while it measures, so that the reserve recorded holds the activations as
+    // a zone places them, not only the bytes live at once (measure_activation_bytes does the
+    // same at pack): fragmentation makes their extent larger. 0: none (the meter is not in use).
+    std::uint64_t scratch = 0;       // its zone id
+    char* scratch_base = nullptr;
+    std::uint64_t scratch_bytes = 0;
+    std::uint64_t cache_cap = 0;     // the account's activation cache before (restored after)
+    std::uint64_t unzoned0 = 0;      // the account's bytes outside any zone at begin()
+    std::uint64_t reach = 0;         // the most extent + bytes outside it that a layer reached
   };
   std::optional<Measuring> measuring;
+  // Note [Dynamic shapes]: after a layer (or finish) of the measuring inference, the extent its
+  // activations reached in the scratch zone plus the account's bytes outside it.
+  void note_reach() {
+    if (!measuring || measuring->scratch == 0) return;
+    Measuring& ms = *measuring;
+    const detail::ZoneUse u = detail::cpu_zone_use(ms.account, ms.scratch, true);
+    if (!u.attached) return;
+    ms.reach = std::max(ms.reach, u.low_extent + (u.unzoned_peak > ms.unzoned0 ? u.unzoned_peak - ms.unzoned0 : 0));
+  }
+  // The scratch zone stops being the account's region (it goes with its last chunk); the cache
+  // the account had before comes back.
+  static void drop_scratch(const Measuring& ms) {
+    if (ms.scratch == 0) return;
+    if (detail::cpu_zone_use(ms.account, ms.scratch, false).attached) set_cpu_account_cache(ms.account, 0);
+    if (ms.cache_cap > 0) set_cpu_account_cache(ms.account, ms.cache_cap);
+  }
 
   // Reads submitted, in cursor order (Note [Read-ahead ring]).
   struct Fetch {
@@ -1507,6 +1538,17 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
     } on{m.lend_off};
     set_reserve(m, allowance);
   }
+  if (detail::cpu_meter_active()) {
+    void* p = ::mmap(nullptr, allowance, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+      ms.cache_cap = cpu_account_cache(account).cap;
+      std::shared_ptr<void> owner(p, [allowance](void* q) { ::munmap(q, allowance); });
+      ms.scratch = detail::set_cpu_account_zone(account, static_cast<char*>(p), allowance, std::move(owner));
+      ms.scratch_base = static_cast<char*>(p);
+      ms.scratch_bytes = allowance;
+      if (ms.scratch != 0) ms.unzoned0 = detail::cpu_zone_use(account, ms.scratch, true).unzoned;
+    }
+  }
   reset_cpu_account_peak(account);
   set_cpu_account_limit(account, ms.base + allowance - input_bytes);
   log(LogLevel::kInfo, what + ": measuring them in this inference, weights at their least (" + format_bytes(m.weights_min) +
@@ -1522,6 +1564,7 @@ void end_measuring(Executor::Impl& m, bool ok) {
   m.measuring.reset();
   const CpuMeterStats st = cpu_account(ms.account);
   set_cpu_account_limit(ms.account, 0);
+  Executor::Impl::drop_scratch(ms);
   std::uint64_t reserve = ms.reserve;
   if (m.released) {  // nothing to re-plan: the next set_budget() plans with the reserve before
     m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
@@ -1529,7 +1572,10 @@ void end_measuring(Executor::Impl& m, bool ok) {
     return;
   }
   if (ok) {
-    const std::uint64_t measured = (st.peak > ms.base ? st.peak - ms.base : 0) + ms.input_bytes;
+    const std::uint64_t live = st.peak > ms.base ? st.peak - ms.base : 0;
+    const std::uint64_t measured = std::max(live, ms.reach) + ms.input_bytes;
+    log(LogLevel::kDebug, m.path + ": input " + inputs_text(ms.inputs) + ": activations " + format_bytes(live) +
+                              " live at most, " + (ms.scratch ? format_bytes(ms.reach) + " as placed in a zone" : "no zone"));
     m.profiles.push_back(InputProfile{measured, ms.inputs});
     ++m.remeasured;
     reserve = std::max(reserve, measured);
@@ -1663,6 +1709,7 @@ bool Executor::step(int stop_before) {
         throw;
       }
       lk.lock();
+      m.note_reach();
       m.measure_lease(m.running_layer);
       m.running_layer = -1;
       ran = true;
@@ -1731,6 +1778,17 @@ c10::IValue Executor::finish() {
   try {
     AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
     out = m.sk.finish(*m.run);
+    if (m.measuring && m.measuring->scratch != 0) {
+      // Note [Dynamic shapes]: outputs leave the scratch zone, which goes after this inference.
+      m.note_reach();
+      const int before = set_thread_cpu_account(0);
+      struct Restore {
+        int a;
+        ~Restore() { set_thread_cpu_account(a); }
+      } restore{before};
+      out = evict_from(out, m.measuring->scratch_base, m.measuring->scratch_base + m.measuring->scratch_bytes,
+                       &m.outputs_copied);
+    }
     if (m.lends()) {
       // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
       // the next inference's activations (or blocks) are planned to use: copied out (outside
@@ -2015,6 +2073,7 @@ void release_all(Executor::Impl& m) {
   if (m.released) return;
   if (m.measuring) {  // an inference measuring activations ends here: its limit and reserve go
     set_cpu_account_limit(m.measuring->account, 0);
+    Executor::Impl::drop_scratch(*m.measuring);
     m.grid_reserve = m.grid_reserve - m.info.activation_bytes + m.measuring->reserve;
     m.info.activation_bytes = m.measuring->reserve;
     m.measuring.reset();
