@@ -422,6 +422,73 @@ TEST(Executor, BlocksBorrowTheActivationReserveWhereActivationsLeaveIt) {
   }
 }
 
+// An image of format 4 recorded its activations as the bytes live alone, which a zone may not
+// hold (kImageZoneReserveVersion): it runs without lending, within the budget, bit-identical,
+// and the log says why and what to do.
+TEST(Executor, AnOlderImageRunsWithoutLendingAndSaysSo) {
+  Packed pk = packed("resnet18", {1, 3, 224, 224});
+  ASSERT_EQ(pk.info.version, kImageZoneReserveVersion);
+  test_util::ScopedTempDir dir("swapnet-executor-v4");
+  const std::string old = dir.path() + "/resnet18-v4.swapnet";
+  {
+    std::string b;
+    {
+      std::FILE* f = std::fopen(pk.img.c_str(), "rb");
+      ASSERT_NE(f, nullptr);
+      char buf[1 << 16];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) b.append(buf, n);
+      std::fclose(f);
+    }
+    const std::uint32_t v4 = 4;
+    std::memcpy(&b[8], &v4, 4);
+    const std::uint64_t sum = checksum(b.data(), 4088);  // the header's own checksum
+    std::memcpy(&b[4088], &sum, 8);
+    std::FILE* f = std::fopen(old.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(b.data(), 1, b.size(), f), b.size());
+    std::fclose(f);
+  }
+  torch::manual_seed(7);
+  at::Tensor x = torch::randn({1, 3, 224, 224});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  std::vector<std::string> warned;
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kWarn);
+  set_log_sink([&](LogLevel l, std::string_view msg) {
+    if (l == LogLevel::kWarn) warned.emplace_back(msg);
+  });
+  struct Restore {
+    LogLevel level;
+    ~Restore() {
+      set_log_sink(nullptr);
+      set_log_level(level);
+    }
+  };
+  ExecutorOptions o;
+  o.budget = min_budget(pk.info, o);
+  std::unique_ptr<Executor> ex;
+  {
+    Restore restore{level};
+    ex = Executor::open(old, o);
+  }
+  ASSERT_EQ(warned.size(), 1u);
+  EXPECT_NE(warned[0].find("image format 4"), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("re-pack"), std::string::npos) << warned[0];
+  for (int i = 0; i < 3; ++i) {
+    ex->reset_weight_peak();
+    reset_cpu_meter_peak();
+    const std::uint64_t base = cpu_meter().current;
+    Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+    ASSERT_TRUE(c.equal) << "inference " << i << ": " << c.difference;
+    EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << "inference " << i;
+  }
+  EXPECT_EQ(ex->pipeline_stats().zone_bytes, 0u) << "no zone lent from a reserve counted as bytes live";
+  auto now = Executor::open(pk.img, o);
+  (void)now->forward({x.clone()});
+  EXPECT_GT(now->pipeline_stats().zone_bytes, 0u) << "the same model packed now lends its reserve";
+}
+
 // The reserve measured at pack holds the activations as the zone places them, not only the
 // bytes live at once: in architectures whose activations fragment the zone (at 128x128
 // googlenet's extent is 2.6 MiB for 2.2 MiB live, regnet_y_400mf's 3.1 for 2.4, mnasnet0_5's

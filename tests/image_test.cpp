@@ -133,7 +133,7 @@ TEST(Image, RoundTripsTablesAndAlignment) {
   EXPECT_EQ(got.layers[3].time_ms, 1.5);
   EXPECT_EQ(got.layers[3].live_bytes, 3u * 4096);
   EXPECT_EQ(got.layers[3].peak_bytes, 3u * 8192 + 1);
-  EXPECT_EQ(got.version, 4u);
+  EXPECT_EQ(got.version, 5u);
   std::string bytes = slurp(path);
   EXPECT_EQ(got.file_size, bytes.size());
   for (size_t t = 0; t < got.tensors.size(); ++t) {
@@ -183,7 +183,7 @@ TEST(Image, RefusesDamagedHeadersAndTables) {
   std::uint32_t v2 = 1;  // an image from an older build
   std::memcpy(&b[8], &v2, 4);
   reseal(b);
-  expect(b, "format version 1 is not supported (this build reads versions 2 to 4; re-pack the model)");
+  expect(b, "format version 1 is not supported (this build reads versions 2 to 5; re-pack the model)");
   expect(good.substr(0, good.size() - 4096), "truncated: file is");
   expect(good.substr(0, 100), "truncated: 100 bytes");
   // Absurd counts must be refused before anything is allocated.

@@ -217,7 +217,7 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
   const bool host = o.memory == MemoryKind::kHost || (o.memory == MemoryKind::kManaged && !cuda_device().usable);
   return o.lend && o.device == ExecutorOptions::Device::kCPU && host && effective_read_ahead(o) == ReadAhead::kRing &&
-                 info.activation_bytes >= (1u << 20)
+                 info.activation_bytes >= (1u << 20) && info.version >= kImageZoneReserveVersion
              ? info.activation_bytes
              : 0;
 }
@@ -1191,6 +1191,14 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     }
   }
   m.cross_inference = options.read_ahead != ReadAhead::kPaper;
+  if (m.opt.lend && !m.cuda && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
+    // Its activation figures are the bytes live alone; as a zone places them they may need more
+    // (Note [Lending the activation reserve]), so the zone could not hold them within the budget.
+    log(LogLevel::kWarn, image + ": packed in image format " + std::to_string(m.info.version) +
+                             ", whose activation reserve counts the bytes live, not as a zone places them: it runs "
+                             "without lending the reserve to blocks (slower where activations leave it idle); "
+                             "re-pack it (swapnet pack) to lend it");
+  }
   // Note [Dynamic shapes]: the reserve holds the largest input measured.
   m.profiles = m.info.input_profiles;
   if (m.profiles.empty()) {
@@ -1248,7 +1256,8 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
     const bool host = m.opt.memory == MemoryKind::kHost || (m.opt.memory == MemoryKind::kManaged && !cuda_device().usable);
     const std::uint64_t lend = m.opt.lend && !m.cuda && host && !m.measuring && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
-                                       p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
+                                       p.activation_bytes >= (1u << 20) && m.info.version >= kImageZoneReserveVersion &&
+                                       detail::cpu_meter_active()
                                    ? p.activation_bytes
                                    : 0;
     m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);

@@ -9,7 +9,7 @@
 //   [data_offset, EOF)   parameter data: layer 0, layer 1, ... each starting on a 4 KiB
 //                        boundary and padded with zeros to the next one
 //
-// Header: magic "SWAPNET\0" (8) | u32 version = 4 | u32 header_bytes = 4096 | u64 alignment =
+// Header: magic "SWAPNET\0" (8) | u32 version = 5 | u32 header_bytes = 4096 | u64 alignment =
 // 4096 | u64 file_size | u64 meta_offset = 4096 | u64 meta_size | u64 meta_checksum | u64
 // data_offset | u64 data_size | u32 num_layers | u32 num_tensors | zeros ... | u64
 // header_checksum at byte 4088 = XXH3-64 of bytes [0, 4088).
@@ -25,6 +25,8 @@
 // and, from version 4 on, after the skeleton: u32 num_profiles | num_profiles x profile, where
 //   profile = u64 activation_bytes | u32 num_values | num_values x (u8 kind | u8 dtype | u8 ndim |
 //             ndim x i64 size | str text)   (ImageInput, InputProfile)
+// Version 5 has version 4's layout; its activation figures are measured as a zone places them
+// (kImageZoneReserveVersion), version 4's as the bytes live at once.
 //
 // A tensor's bytes are the span its strides reach (not a contiguous copy), so a weight with
 // unusual strides is rebound exactly as it was. Tensors start on 64-byte boundaries.
@@ -53,7 +55,7 @@ namespace {
 constexpr char kMagic[8] = {'S', 'W', 'A', 'P', 'N', 'E', 'T', '\0'};
 // 2: activation_bytes in the metadata; 3: peak_bytes per layer; 4: input profiles. Versions 2
 // and 3 are still read.
-constexpr std::uint32_t kVersion = 4;
+constexpr std::uint32_t kVersion = kImageZoneReserveVersion;
 constexpr std::uint32_t kOldestVersion = 2;
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kHeaderChecksumAt = kHeaderBytes - 8;

@@ -142,6 +142,12 @@ struct InputProfile {
   std::vector<ImageInput> inputs;
 };
 
+// Images from format 5 on record activations (activation_bytes, the layers' peak_bytes, the input
+// profiles) as a zone places them: the most of the bytes live at once and of the extent their
+// chunks reach (Note [Lending the activation reserve] in assembly/src/executor.cpp). Older ones
+// record the bytes live alone, which fragmentation can exceed; the executor lends them no zone.
+inline constexpr std::uint32_t kImageZoneReserveVersion = 5;
+
 struct ImageInfo {
   std::uint32_t version = 0;
   std::uint64_t file_size = 0;
