@@ -70,6 +70,7 @@ print(json.dumps({
     "blocks": j["num_blocks"], "resident_bytes": j["resident_bytes"], "ring_bytes": j["arena_bytes"],
     "direct_ms": direct, "swapnet_ms": swap, "naive_ms": naive, "io_bound_ms": j["io_bound_ms"],
     "raw_io_mb_s": j["raw_io_mb_s"], "ratio_vs_bound": swap / bound, "ratio_vs_direct": swap / direct,
+    "ratio_vs_bound_paired": j.get("ratio_vs_bound_paired"),
     "disk_busy_fraction": j["pipeline"].get("disk_busy_fraction"), "read_wait_ms": j["pipeline"].get("read_wait_ms"),
     "naive_vs_swapnet": naive / swap if naive else None, "naive_skipped": nv.get("skipped"), "predicted_ms": j["predicted_ms"],
     "direct_under_io_ms": j["direct_under_io"]["latency_ms"]["median"],

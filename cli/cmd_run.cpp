@@ -642,6 +642,22 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
   }
   j["ratio_vs_direct"] = j["latency_ms"]["median"].get<double>() / direct_ms;
   j["ratio_vs_bound"] = j["latency_ms"]["median"].get<double>() / std::max(direct_ms, j["io_bound_ms"].get<double>());
+  {
+    // The same ratio round by round (swapnet and direct run back to back in a round, the raw
+    // rate right after swapnet), then its median: this VM's speed drifts by tens of percent over
+    // minutes, and a ratio of neighbours drifts less than a ratio of medians taken apart.
+    std::vector<double> paired;
+    const size_t n = std::min(results["swapnet"].size(), results["direct"].size());
+    for (size_t r = 0; r < n; ++r) {
+      const json& sw = results["swapnet"][r];
+      const double d = results["direct"][r]["latency_ms"]["median"].get<double>();
+      paired.push_back(sw["latency_ms"]["median"].get<double>() / std::max(d, sw["io_bound_ms"].get<double>()));
+    }
+    if (!paired.empty()) {
+      j["ratio_vs_bound_rounds"] = paired;
+      j["ratio_vs_bound_paired"] = percentile(paired, 0.5);
+    }
+  }
   if (!results["direct_under_io"].empty()) {
     const double dio = med("direct_under_io", "latency_ms", "median");
     j["direct_under_io"] = {{"latency_ms", {{"median", dio}, {"p90", med("direct_under_io", "latency_ms", "p90")},
@@ -706,6 +722,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
     if (!naive_skipped.empty()) std::printf("naive: not run: %s\n", naive_skipped.c_str());
     std::printf("swapnet / direct = %.3f; swapnet / max(direct, io_bound %.1f ms) = %.3f", j["ratio_vs_direct"].get<double>(),
                 j["io_bound_ms"].get<double>(), j["ratio_vs_bound"].get<double>());
+    if (j.contains("ratio_vs_bound_paired")) std::printf(" (round by round: %.3f)", j["ratio_vs_bound_paired"].get<double>());
     if (naive) std::printf("; naive / swapnet = %.2f", j["naive_ratio"].get<double>());
     std::printf("\n");
     if (j.contains("direct_under_io")) {
