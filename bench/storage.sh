@@ -15,13 +15,19 @@
 # pages after use (the budget has no page cache to keep the model in).
 #   bench/storage.sh [--rounds N] [--iters N] [--rates "host 2GB/s 1GB/s 400MB/s"]
 #                    [--models "resnet101 yolov3 fcn_resnet101 vgg19"] [--read-ahead ring|paper]
+#                    [--emulate]
+# --emulate: instead of the blkio throttle, the block readers emulate a disk of each rate
+# (SWAPNET_EMULATE_READ; Note [An emulated disk] in swapcore/src/reader.cpp): no credit for time
+# the disk idled, as on a real one (the throttle grants a slice of bytes at once after idling).
+# Files get the suffix _emulated.
 # Writes bench/results/storage.csv, storage.md, storage_<rate>_<model>.json (the run) and
 # _device.json (bytes read from the device), storage_profile_<rate>.json (the device profile)
 # and _report.json; prints the markdown table. Exits 77 when the disk cannot be
 # throttled (bench/throttle.sh says why).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-rounds=5 iters=3 rates="host 2GB/s 1GB/s 400MB/s" list="resnet101 yolov3 fcn_resnet101 vgg19" read_ahead=ring
+rounds=5 iters=3 rates="host 2GB/s 1GB/s 400MB/s" list="resnet101 yolov3 fcn_resnet101 vgg19" read_ahead=ring emulate=""
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -29,22 +35,35 @@ while [ $# -gt 0 ]; do
     --rates) rates=$2; shift 2 ;;
     --models) list=$2; shift 2 ;;
     --read-ahead) read_ahead=$2; shift 2 ;;
+    --emulate) emulate=1; shift ;;
     *) echo "bench/storage.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 pack_paper_models
 suffix=""
 [ "$read_ahead" = ring ] || suffix="_$read_ahead"
+esuffix=""
+[ -z "$emulate" ] || esuffix="_emulated"
+suffix="$suffix$esuffix"
 throttle=$repo/bench/throttle.sh
+# Runs a command at a rate: under the blkio throttle, or (--emulate) with the readers emulating it.
+under() {
+  local rate=$1; shift
+  if [ -n "$emulate" ] && [ "$rate" != host ]; then
+    SWAPNET_EMULATE_READ=$rate bash "$throttle" host "$@"
+  else
+    bash "$throttle" "$rate" "$@"
+  fi
+}
 rows=$out/storage$suffix.jsonl
 : > "$rows"
 for rate in $rates; do
   tag=${rate//\//}
-  prof=$out/storage_profile_$tag.json          # the device profile the runs plan with
-  report=$out/storage_profile_${tag}_report.json  # and what measuring it saw
+  prof=$out/storage${esuffix}_profile_$tag.json          # the device profile the runs plan with
+  report=$out/storage${esuffix}_profile_${tag}_report.json  # and what measuring it saw
   echo "bench/storage.sh: profile at $rate" >&2
   status=0
-  bash "$throttle" "$rate" --path "$models" -- "$cli" profile "$models/resnet101.swapnet" \
+  under "$rate" --path "$models" -- "$cli" profile "$models/resnet101.swapnet" \
     --input-shape "${shape[resnet101]}" -o "$prof" --json > "$report" || status=$?
   [ "$status" = 0 ] || exit "$status"
   for m in $list; do
@@ -54,10 +73,12 @@ for rate in $rates; do
     budget=$(( data / 3 > minimum ? data / 3 : minimum ))
     res=$out/storage${suffix}_${tag}_$m.json dev=$out/storage${suffix}_${tag}_${m}_device.json
     echo "bench/storage.sh: $m at $rate, budget $budget (1/3: $((data / 3)), minimum $minimum)" >&2
-    bash "$throttle" "$rate" --path "$models" --stats "$dev" -- "$cli" run "$img" --budget "$budget" \
+    under "$rate" --path "$models" --stats "$dev" -- "$cli" run "$img" --budget "$budget" \
       --compare --check --rounds "$rounds" --iters "$iters" --profile "$prof" \
       --read-ahead "$read_ahead" --input-shape "${shape[$m]}" --json > "$res"
-    /usr/bin/python3 - "$res" "$report" "$dev" "$m" "$rate" "$data" "$minimum" >> "$rows" <<'PY'
+    label=$rate
+    [ -z "$emulate" ] || [ "$rate" = host ] || label="$rate emulated"
+    /usr/bin/python3 - "$res" "$report" "$dev" "$m" "$label" "$data" "$minimum" >> "$rows" <<'PY'
 import json, sys
 res, prof, dev, m, rate, data, minimum = sys.argv[1:]
 j, p, d = json.load(open(res)), json.load(open(prof)), json.load(open(dev))

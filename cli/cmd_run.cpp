@@ -180,6 +180,7 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
     const std::uint64_t len = info.layers[last].offset + info.layers[last].size - off;
     std::vector<char> buf(len);
     std::uint64_t done = 0;
+    const auto queued = std::chrono::steady_clock::now();
     while (done < len) {
       ssize_t n = ::pread(fd, buf.data() + done, len - done, static_cast<off_t>(off + done));
       if (n < 0 && errno == EINTR) continue;
@@ -189,6 +190,7 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
       }
       done += static_cast<std::uint64_t>(n);
     }
+    emulated_read_wait(queued, len);  // Note [An emulated disk] (swapcore/src/reader.cpp)
     *bytes_read += len;
     (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
     for (int k = first; k <= last; ++k) {

@@ -477,6 +477,36 @@ TEST_P(Reader, ReadsExactBytesWithChecksums) {
   EXPECT_EQ(r->bytes_read(), info_.data_size);
 }
 
+// Note [An emulated disk]: reads take their bytes / the rate, one after another, and time the
+// disk idled buys nothing (a blkio throttle's slice credit would let the second read through at
+// once). The bytes are the file's.
+TEST_P(Reader, AnEmulatedDiskServesAtItsRateWithNoCreditForIdleTime) {
+  ReaderOptions o = options();
+  o.emulate_bytes_per_s = static_cast<double>(info_.data_size) / 0.05;  // one read: 50 ms
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
+  Buf buf(info_.data_size);
+  auto timed_read = [&] {
+    std::memset(buf.p, 0, info_.data_size);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = r->read(info_.data_offset, info_.data_size, buf.p, checks());
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(std::memcmp(buf.p, &bytes_[info_.data_offset], info_.data_size), 0);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  EXPECT_GE(timed_read(), 0.049);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  EXPECT_GE(timed_read(), 0.049) << "idle time credited";
+  // Two reads submitted together are served one after the other.
+  Buf other(info_.data_size);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = r->submit(info_.data_offset, info_.data_size, buf.p);
+  auto b = r->submit(info_.data_offset, info_.data_size, other.p);
+  ASSERT_TRUE(r->wait(a).ok());
+  ASSERT_TRUE(r->wait(b).ok());
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.099);
+}
+
 // busy_seconds() counts the time a read was with the kernel: within the time the reads took,
 // and not the time the reader sat idle after them.
 TEST_P(Reader, BusyTimeCountsOnlyTimeWithAReadInFlight) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -224,6 +225,12 @@ struct ReaderOptions {
   bool allow_io_uring = true;           // false: skip straight to pread (tests, comparisons)
   bool allow_direct = true;             // false: buffered reads + POSIX_FADV_DONTNEED
   bool register_buffers = true;         // io_uring fixed buffers where memlock allows
+  // Benchmarks: emulate a disk that reads this many bytes per second (0: none; default from
+  // $SWAPNET_EMULATE_READ, e.g. "400MB/s" or bytes per second). Reads still go to the file; each
+  // request's bytes are then served by one emulated disk per process, after those before it, at
+  // this rate, and the read completes when served. Unlike a blkio throttle it gives no credit
+  // for time it idled: a pipeline that leaves it idle loses that time, as on a real disk.
+  double emulate_bytes_per_s = -1;  // -1: from the environment
   // Test hook at the I/O boundary: sees each request's (offset, length, result) and may rewrite
   // the result (a short count, -EIO, -EINTR, -EAGAIN) before swapcore handles it.
   std::function<long(std::uint64_t offset, std::size_t length, long result)> fault;
@@ -231,6 +238,13 @@ struct ReaderOptions {
   // (SharedDisk); null: this reader keeps up to queue_depth requests in flight on its own.
   std::shared_ptr<SharedDisk> disk;
 };
+// The rate $SWAPNET_EMULATE_READ asks readers to emulate (ReaderOptions::emulate_bytes_per_s), in
+// bytes per second; 0 when unset.
+SWAPNET_API double emulated_read_bytes_per_s();
+// For reads made outside a BlockReader (benchmarks' baselines): waits until that emulated disk
+// has served `bytes` asked for at `queued`; at once when none is emulated.
+SWAPNET_API void emulated_read_wait(std::chrono::steady_clock::time_point queued, std::uint64_t bytes);
+
 
 // Reads byte ranges of one file into caller-provided aligned buffers: O_DIRECT through io_uring,
 // with fallbacks chosen by probing at open and said once in the log (io_uring refused -> pread
