@@ -575,6 +575,11 @@ struct Executor::Impl {
   std::uint64_t zone_misses = 0;   // activations that found no room above the lent bytes, since open
   std::uint64_t zone_peak = 0;     // most zone bytes in use at once (activations + lent), since open
   std::uint64_t outputs_copied = 0;  // output bytes copied out of the zone, since open
+  // The bytes the last inference's outputs were copied out of the zone in (finish()): while
+  // copied, the last layer's chunks and the copies are live at once, so the last layer's lease
+  // counts them; and the copies the caller then holds count as its inputs do until the next
+  // begin() (Note [Lending the activation reserve]).
+  std::uint64_t output_lease = 0;
   // Note [Layer by layer] counters, since open.
   double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
@@ -714,7 +719,8 @@ struct Executor::Impl {
   }
   std::uint64_t max_lease(int a, int b) const {
     std::uint64_t v = 0;
-    for (int k = std::max(a, 0); k <= b && k < static_cast<int>(lease.size()); ++k) v = std::max(v, lease[k]);
+    const int last = static_cast<int>(lease.size()) - 1;
+    for (int k = std::max(a, 0); k <= b && k <= last; ++k) v = std::max(v, lease[k] + (k == last ? output_lease : 0));
     return v;
   }
   // The zone bytes activations may reach while fetch `f` is held: from the next layer to its
@@ -723,7 +729,9 @@ struct Executor::Impl {
     if (!lease_known) return ring->lend();
     const int L = static_cast<int>(info.layers.size());
     if (!run) return max_lease(0, f.last);
-    const int now = run->next_layer();
+    // After the last layer and before finish() the last layer's lease holds (its outputs are
+    // copied out of the zone there: output_lease).
+    const int now = std::min(run->next_layer(), L - 1);
     if (f.next) return std::max(max_lease(now, L - 1), max_lease(0, f.last));
     return max_lease(now, f.last);
   }
@@ -1807,7 +1815,11 @@ c10::IValue Executor::finish() {
         int a;
         ~Restore() { set_thread_cpu_account(a); }
       } restore{before};
+      const std::uint64_t copied_before = m.outputs_copied;
       out = evict_from(out, m.ring->zone_begin(), m.ring->zone_begin() + m.ring->lend(), &m.outputs_copied);
+      const std::uint64_t copied = m.outputs_copied - copied_before;
+      m.output_lease = std::max(m.output_lease, copied);
+      m.inputs_outside += copied;
     }
     // Blocks read after a write into the file would be mixed with those read before it.
     m.reader->check_file().throw_if_error();
