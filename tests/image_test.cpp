@@ -92,24 +92,9 @@ std::string write_fixture(const Fixture& f, const std::string& name) {
   return path;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Rewrites the header and metadata checksums after a deliberate edit, so that the parser's
-// other checks (not the checksums) must catch it.
-void reseal(std::string& b) {
-  std::uint64_t meta_size = 0;
-  std::memcpy(&meta_size, &b[40], 8);
-  std::uint64_t meta_sum = XXH3_64bits(&b[4096], meta_size);
-  std::memcpy(&b[48], &meta_sum, 8);
-  std::uint64_t head_sum = XXH3_64bits(b.data(), 4088);
-  std::memcpy(&b[4088], &head_sum, 8);
-}
+using test_util::reseal;
+using test_util::slurp;
+using test_util::spit;
 
 Status parse_bytes(const std::string& b, ImageInfo* out) {
   return parse_image(reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), b.size(), "img", out);

@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -19,6 +22,26 @@ namespace test_util {
 inline std::string model(const std::string& name) {
   const char* dir = std::getenv("SWAPNET_MODELS");
   return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
+}
+
+// A file's bytes, and a file written with `bytes`.
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+inline void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Rewrites a swap image's header and metadata checksums after a deliberate edit, so that the
+// parser's own checks (not the checksums) see it.
+inline void reseal(std::string& b) {
+  std::uint64_t meta_size = 0;
+  std::memcpy(&meta_size, &b[40], 8);
+  const std::uint64_t meta_sum = checksum(&b[4096], meta_size);
+  std::memcpy(&b[48], &meta_sum, 8);
+  const std::uint64_t head_sum = checksum(b.data(), 4088);
+  std::memcpy(&b[4088], &head_sum, 8);
 }
 
 // A directory made under /tmp (`prefix` + a unique suffix) and removed with everything in it

@@ -420,6 +420,20 @@ std::uint64_t set_cpu_account_zone(int account, char* base, std::uint64_t bytes,
   }
   return id;
 }
+std::uint64_t set_cpu_account_scratch_zone(int account, std::uint64_t bytes, char** base) {
+  *base = nullptr;
+  if (account <= 0 || account >= kMaxAccounts || bytes == 0) return 0;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  std::shared_ptr<void> owner(p, [bytes](void* q) { ::munmap(q, bytes); });
+  const std::uint64_t id = set_cpu_account_zone(account, static_cast<char*>(p), bytes, std::move(owner));
+  if (id != 0) *base = static_cast<char*>(p);
+  return id;
+}
+std::uint64_t zone_reach(const ZoneUse& u, std::uint64_t unzoned_before) {
+  if (!u.attached) return 0;
+  return u.low_extent + (u.unzoned_peak > unzoned_before ? u.unzoned_peak - unzoned_before : 0);
+}
 void set_cpu_zone(int account, std::uint64_t id, std::uint64_t floor, std::uint64_t prefer, std::uint64_t lent) {
   if (account <= 0 || account >= kMaxAccounts) return;
   Cache& c = g_caches[account];

@@ -20,6 +20,11 @@ bool cpu_meter_active();
 // zone, the account's region (the region before retires, as a new cache cap retires it), kept
 // mapped by `owner` while chunks live in it. Returns the zone's id (0: no such account).
 std::uint64_t set_cpu_account_zone(int account, char* base, std::uint64_t bytes, std::shared_ptr<void> owner);
+// A scratch zone for measuring how activations place (measure_activation_bytes, the executor's
+// measuring inference): `bytes` of address space only (MAP_NORESERVE: pages are touched where
+// chunks land), made the account's region by set_cpu_account_zone and unmapped with its last
+// chunk once detached. Returns its id and sets *base (0 and nullptr when it cannot be mapped).
+std::uint64_t set_cpu_account_scratch_zone(int account, std::uint64_t bytes, char** base);
 // The zone's floors (offsets from its start): chunks are never placed below `floor` (the ring
 // lends those bytes) and at or above `prefer` when a hole there fits; `lent`: the bytes the ring
 // lends now (for the zone's peak). Nothing when zone `id` is not the account's region.
@@ -36,6 +41,10 @@ struct ZoneUse {
 };
 // `reset`: low_extent and peak start over from now.
 ZoneUse cpu_zone_use(int account, std::uint64_t id, bool reset);
+// What a zone's activations reached since the last reset (ZoneUse with `reset`): the lowest
+// extent plus the account's bytes outside the zone at their peak, less `unzoned_before` (those
+// it held before measuring began).
+std::uint64_t zone_reach(const ZoneUse& u, std::uint64_t unzoned_before = 0);
 // Gives back the pages of the zone's holes (its ring is going: nothing is lent or read there).
 // Nothing when zone `id` is not the account's region.
 void cpu_zone_give_back(int account, std::uint64_t id);

@@ -505,9 +505,7 @@ struct Executor::Impl {
   void note_reach() {
     if (!measuring || measuring->scratch == 0) return;
     Measuring& ms = *measuring;
-    const detail::ZoneUse u = detail::cpu_zone_use(ms.account, ms.scratch, true);
-    if (!u.attached) return;
-    ms.reach = std::max(ms.reach, u.low_extent + (u.unzoned_peak > ms.unzoned0 ? u.unzoned_peak - ms.unzoned0 : 0));
+    ms.reach = std::max(ms.reach, detail::zone_reach(detail::cpu_zone_use(ms.account, ms.scratch, true), ms.unzoned0));
   }
   // The scratch zone stops being the account's region (it goes with its last chunk); the cache
   // the account had before comes back.
@@ -1262,10 +1260,8 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
     // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
-    const bool host = m.opt.memory == MemoryKind::kHost || (m.opt.memory == MemoryKind::kManaged && !cuda_device().usable);
-    const std::uint64_t lend = m.opt.lend && !m.cuda && host && !m.measuring && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
-                                       p.activation_bytes >= (1u << 20) && m.info.version >= kImageZoneReserveVersion &&
-                                       detail::cpu_meter_active()
+    const std::uint64_t lend = lend_for(m.info, m.opt) > 0 && !m.measuring && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
+                                       p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
                                    ? p.activation_bytes
                                    : 0;
     m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);
@@ -1556,15 +1552,10 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
     set_reserve(m, allowance);
   }
   if (detail::cpu_meter_active()) {
-    void* p = ::mmap(nullptr, allowance, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p != MAP_FAILED) {
-      ms.cache_cap = cpu_account_cache(account).cap;
-      std::shared_ptr<void> owner(p, [allowance](void* q) { ::munmap(q, allowance); });
-      ms.scratch = detail::set_cpu_account_zone(account, static_cast<char*>(p), allowance, std::move(owner));
-      ms.scratch_base = static_cast<char*>(p);
-      ms.scratch_bytes = allowance;
-      if (ms.scratch != 0) ms.unzoned0 = detail::cpu_zone_use(account, ms.scratch, true).unzoned;
-    }
+    ms.cache_cap = cpu_account_cache(account).cap;
+    ms.scratch = detail::set_cpu_account_scratch_zone(account, allowance, &ms.scratch_base);
+    ms.scratch_bytes = allowance;
+    if (ms.scratch != 0) ms.unzoned0 = detail::cpu_zone_use(account, ms.scratch, true).unzoned;
   }
   reset_cpu_account_peak(account);
   set_cpu_account_limit(account, ms.base + allowance - input_bytes);
@@ -1795,29 +1786,27 @@ c10::IValue Executor::finish() {
   try {
     AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
     out = m.sk.finish(*m.run);
-    if (m.measuring && m.measuring->scratch != 0) {
-      // Note [Dynamic shapes]: outputs leave the scratch zone, which goes after this inference.
-      m.note_reach();
-      const int before = set_thread_cpu_account(0);
-      struct Restore {
-        int a;
-        ~Restore() { set_thread_cpu_account(a); }
-      } restore{before};
-      out = evict_from(out, m.measuring->scratch_base, m.measuring->scratch_base + m.measuring->scratch_bytes,
-                       &m.outputs_copied);
-    }
-    if (m.lends()) {
-      // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
-      // the next inference's activations (or blocks) are planned to use: copied out (outside
-      // any account), the zone's chunks freed with the inference.
+    // Outputs copied out of [lo, hi) (outside any account); the bytes copied.
+    auto evict = [&](const char* lo, std::uint64_t bytes) {
       const int before = set_thread_cpu_account(0);
       struct Restore {
         int a;
         ~Restore() { set_thread_cpu_account(a); }
       } restore{before};
       const std::uint64_t copied_before = m.outputs_copied;
-      out = evict_from(out, m.ring->zone_begin(), m.ring->zone_begin() + m.ring->lend(), &m.outputs_copied);
-      const std::uint64_t copied = m.outputs_copied - copied_before;
+      out = evict_from(out, lo, lo + bytes, &m.outputs_copied);
+      return m.outputs_copied - copied_before;
+    };
+    if (m.measuring && m.measuring->scratch != 0) {
+      // Note [Dynamic shapes]: outputs leave the scratch zone, which goes after this inference.
+      m.note_reach();
+      (void)evict(m.measuring->scratch_base, m.measuring->scratch_bytes);
+    }
+    if (m.lends()) {
+      // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
+      // the next inference's activations (or blocks) are planned to use: copied out, the zone's
+      // chunks freed with the inference.
+      const std::uint64_t copied = evict(m.ring->zone_begin(), m.ring->lend());
       m.output_lease = std::max(m.output_lease, copied);
       m.inputs_outside += copied;
     }

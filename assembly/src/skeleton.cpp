@@ -1042,20 +1042,13 @@ std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10
   if (detail::cpu_meter_active()) {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
     const std::uint64_t bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * page : 0;
-    void* p = bytes ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-                    : MAP_FAILED;
-    if (p != MAP_FAILED) {
-      std::shared_ptr<void> owner(p, [bytes](void* q) { ::munmap(q, bytes); });
-      scratch.account = new_cpu_account();
-      if (scratch.account != 0) {
-        scratch.zone = detail::set_cpu_account_zone(scratch.account, static_cast<char*>(p), bytes, std::move(owner));
-      }
-    }
+    scratch.account = bytes ? new_cpu_account() : 0;
+    char* base = nullptr;
+    if (scratch.account != 0) scratch.zone = detail::set_cpu_account_scratch_zone(scratch.account, bytes, &base);
   }
   auto zone_reach = [&] {  // since the last call: the extent reached plus the bytes outside
     if (scratch.zone == 0) return std::uint64_t{0};
-    const detail::ZoneUse u = detail::cpu_zone_use(scratch.account, scratch.zone, true);
-    return u.attached ? u.low_extent + u.unzoned_peak : 0;
+    return detail::zone_reach(detail::cpu_zone_use(scratch.account, scratch.zone, true));
   };
   std::uint64_t peak = 0;
   {
