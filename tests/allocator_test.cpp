@@ -125,6 +125,50 @@ TEST(BlockRing, BlocksGoAfterTheNewestOrFromTheStart) {
   EXPECT_EQ(ring->push(64 * 4096), ring->base()) << "an empty ring starts over";
 }
 
+// Note [Holes in the ring]: where the bytes after the newest block are held, a block goes to the
+// lowest free range, also a tail that a wrapped ring left behind the oldest blocks; a streamed
+// block goes where it waits for the blocks that leave first, into the zone too.
+TEST(BlockRing, BlocksTakeHolesAndStreamOverTheBlocksThatLeaveFirst) {
+  const std::uint64_t P = 4096;
+  auto ring = BlockRing::create(64 * P, MemoryKind::kHost);
+  char* a = static_cast<char*>(ring->push(40 * P));
+  char* b = static_cast<char*>(ring->push(20 * P));  // 40..60
+  ring->pop();                                        // a
+  char* c = static_cast<char*>(ring->push(30 * P));  // 0..30: wrapped
+  char* e = static_cast<char*>(ring->push(10 * P));  // 30..40, up to b
+  ASSERT_EQ(b, a + 40 * P);
+  ASSERT_EQ(c, ring->base());
+  ASSERT_EQ(e, c + 30 * P);
+  EXPECT_FALSE(ring->fits(5 * P)) << "4 pages left after b";
+  EXPECT_EQ(ring->push(4 * P), b + 20 * P) << "the tail after b, though b is the oldest";
+  EXPECT_EQ(ring->blocks(), 4u);
+  EXPECT_EQ(ring->used(), 64u * P);
+  ring->clear();
+
+  // Ring of 32 pages and a zone of 32: p 20..40 and q 40..50 (in the zone), r 0..12 the newest.
+  auto zr = BlockRing::create(32 * P, MemoryKind::kHost, true, 0, 32 * P);
+  char* w = static_cast<char*>(zr->push(20 * P, 64 * P));
+  char* p = static_cast<char*>(zr->push(20 * P, 64 * P));
+  char* q = static_cast<char*>(zr->push(10 * P, 64 * P));
+  zr->pop();  // w
+  char* r = static_cast<char*>(zr->push(12 * P, 32 * P));
+  ASSERT_EQ(w, zr->base());
+  ASSERT_EQ(p, w + 20 * P);
+  ASSERT_EQ(q, w + 40 * P);
+  ASSERT_EQ(r, w);
+  // 24 pages: from the start it would wait for r, the newest; after r it waits for p only.
+  char* s = static_cast<char*>(zr->push_streamed(24 * P, 64 * P));
+  ASSERT_EQ(s, r + 12 * P);
+  EXPECT_TRUE(zr->range_free(s, 8 * P));
+  EXPECT_FALSE(zr->range_free(s + 8 * P, P)) << "p holds it";
+  zr->pop();  // p
+  EXPECT_TRUE(zr->range_free(s, 24 * P)) << "whole once p is gone, before q and r";
+  EXPECT_FALSE(zr->streaming());
+  EXPECT_EQ(zr->lent_bytes(), 4u * P + 10 * P) << "s's last 4 pages and q lie in the zone";
+  zr->clear();
+  EXPECT_EQ(zr->used(), 0u);
+}
+
 // Random FIFO use never overlaps blocks held at the same time, every block lies within the
 // ring, and a block that fits with one largest block to spare is always accepted (what
 // wrap-around may lose is at most one block).
@@ -175,33 +219,35 @@ TEST(BlockRing, AStreamedBlockTakesItsPlaceAsOlderBlocksGo) {
   ASSERT_EQ(b, a + 20 * P);
   EXPECT_EQ(ring->push_streamed(65 * P), nullptr) << "larger than the ring";
   EXPECT_FALSE(ring->streaming());
-  // 60 pages: not before the end (14 left), not before the oldest: from the start, over a and b.
+  // 60 pages: not before the end (14 left), not before the oldest: over a and b, ending at the
+  // ring's end, where it overlaps the fewest held bytes (46 pages, from the start 50).
   char* s = static_cast<char*>(ring->push_streamed(60 * P));
-  ASSERT_EQ(s, ring->base());
+  ASSERT_EQ(s, ring->base() + 4 * P);
   EXPECT_TRUE(ring->streaming());
-  EXPECT_EQ(ring->used(), 60u * P) << "a, b and the part of s they do not hold";
-  EXPECT_EQ(memory_stats().current - before.current, 60u * P);
-  EXPECT_FALSE(ring->fits(P)) << "nothing after a streamed block until it is whole";
+  EXPECT_EQ(ring->used(), 64u * P) << "a, b and the part of s they do not hold";
+  EXPECT_EQ(memory_stats().current - before.current, 64u * P);
+  EXPECT_FALSE(ring->fits(P)) << "every page is held, the streamed block's too";
   EXPECT_EQ(ring->push(P), nullptr);
-  EXPECT_EQ(ring->push_streamed(P), nullptr) << "one streamed block at a time";
+  EXPECT_EQ(ring->push_streamed(P), nullptr) << "no room, and one streamed block at a time";
   EXPECT_FALSE(ring->range_free(s, P)) << "a holds it";
-  EXPECT_TRUE(ring->range_free(s + 50 * P, 10 * P)) << "after b";
-  EXPECT_FALSE(ring->range_free(s + 49 * P, 2 * P));
+  EXPECT_TRUE(ring->range_free(s + 46 * P, 14 * P)) << "after b";
+  EXPECT_FALSE(ring->range_free(s + 45 * P, 2 * P));
   ring->pop();  // a
-  EXPECT_TRUE(ring->range_free(s, 20 * P));
-  EXPECT_FALSE(ring->range_free(s + 20 * P, P));
+  EXPECT_TRUE(ring->range_free(s, 16 * P));
+  EXPECT_FALSE(ring->range_free(s + 16 * P, P));
   EXPECT_TRUE(ring->streaming());
   EXPECT_EQ(ring->used(), 60u * P);
-  ring->pop();  // b: s is whole, the oldest, and the ring goes on after it
+  ring->pop();  // b: s is whole, the oldest; the pages before it are free
   EXPECT_FALSE(ring->streaming());
   EXPECT_TRUE(ring->range_free(s, 60 * P));
   EXPECT_EQ(ring->used(), 60u * P);
   EXPECT_EQ(ring->blocks(), 1u);
-  EXPECT_EQ(ring->push(4 * P), s + 60 * P);
+  EXPECT_EQ(ring->push(4 * P), ring->base());
   EXPECT_FALSE(ring->fits(P));
   ring->pop();  // s
-  // Wrapped: c at 10.., d at 40.. ; a streamed block that fits before the end goes after the
-  // newest and waits for the oldest only.
+  ring->pop();  // s
+  // Wrapped: c at 10.., d at 40.., e at 0..8; a streamed block waits for the oldest ones, c and d,
+  // not for e.
   ring->clear();
   EXPECT_EQ(memory_stats().current, before.current);
   char* c0 = static_cast<char*>(ring->push(10 * P));
@@ -212,18 +258,19 @@ TEST(BlockRing, AStreamedBlockTakesItsPlaceAsOlderBlocksGo) {
   ASSERT_EQ(c, c0 + 10 * P);
   ASSERT_EQ(d, c + 30 * P);
   ASSERT_EQ(e, ring->base());
-  char* t = static_cast<char*>(ring->push_streamed(40 * P));  // 8..48, over c and d
-  ASSERT_EQ(t, e + 8 * P);
-  EXPECT_TRUE(ring->range_free(t, 2 * P));
-  EXPECT_FALSE(ring->range_free(t, 3 * P));
-  EXPECT_EQ(ring->used(), 8u * P + 30 * P + 20 * P + 2 * P);
+  // 24..64 waits for c and d as 8..48 would, over fewer of their bytes (36 pages, not 38).
+  char* t = static_cast<char*>(ring->push_streamed(40 * P));
+  ASSERT_EQ(t, e + 24 * P);
+  EXPECT_TRUE(ring->range_free(t + 36 * P, 4 * P));
+  EXPECT_FALSE(ring->range_free(t + 35 * P, 2 * P));
+  EXPECT_EQ(ring->used(), 8u * P + 30 * P + 20 * P + 4 * P);
   ring->pop();  // c
-  EXPECT_TRUE(ring->range_free(t, 32 * P));
+  EXPECT_TRUE(ring->range_free(t, 16 * P));
   EXPECT_TRUE(ring->streaming());
   ring->pop();  // d
   EXPECT_FALSE(ring->streaming());
   EXPECT_EQ(ring->used(), 48u * P);
-  EXPECT_EQ(ring->push(16 * P), t + 40 * P) << "after the streamed block, up to the end";
+  EXPECT_EQ(ring->push(16 * P), e + 8 * P) << "the hole between e and the streamed block";
   ring->clear();
   EXPECT_EQ(ring->used(), 0u);
   EXPECT_EQ(memory_stats().current, before.current);
@@ -297,6 +344,8 @@ void random_streamed_use(bool release_fronts, std::uint64_t zone_pages = 0) {
   int streamed = 0, released = 0;
   bool lent_any = false;
   int lent_streamed = 0;  // streamed blocks ending in the zone
+  int pushed_while_streaming = 0;
+  size_t popped = 0, streaming_block = ~size_t{0};  // blocks popped; the streaming one (pushes counted)
   for (int i = 0; i < 5000; ++i) {
     const std::uint64_t pages = std::uniform_int_distribution<std::uint64_t>(1, 61)(rng);
     if (release_fronts && rng() % 3 == 0 && !held.empty() && held.front().second > 1) {
@@ -307,12 +356,20 @@ void random_streamed_use(bool release_fronts, std::uint64_t zone_pages = 0) {
       held.front().first += k * P;
       held.front().second -= k * P / P;
       ++released;
-    } else if (rng() % 2 == 0 && !ring->streaming()) {
+    } else if (rng() % 2 == 0) {
+      // While a block streams, only blocks that fit next to everything held (its whole range
+      // too) go after it.
       const std::uint64_t limit = cap + (zone_pages ? rng() % (zone_pages + 1) : 0) * P;
       const bool fits = ring->fits(pages * P, limit);
+      const bool was_streaming = ring->streaming();
       char* p = static_cast<char*>(fits ? ring->push(pages * P, limit) : ring->push_streamed(pages * P, limit));
+      if (was_streaming && !fits) {
+        EXPECT_EQ(p, nullptr) << i << ": a second block streamed";
+      }
       if (p != nullptr) {
         streamed += !fits;
+        pushed_while_streaming += was_streaming;
+        if (!fits) streaming_block = held.size() + popped;
         held.emplace_back(static_cast<std::uint64_t>(p - ring->base()), pages);
         ASSERT_LE(held.back().first + pages * P, limit) << i << ": a block ends past its limit";
         lent_any |= held.back().first + pages * P > cap;
@@ -321,7 +378,9 @@ void random_streamed_use(bool release_fronts, std::uint64_t zone_pages = 0) {
     } else if (!held.empty()) {
       ring->pop();
       held.pop_front();
+      ++popped;
     }
+    if (!ring->streaming()) streaming_block = ~size_t{0};
     std::vector<char> page(61 + zone_pages, 0);
     for (const auto& [o, n] : held) {
       ASSERT_LE(o + n * P, cap + zone_pages * P);
@@ -333,27 +392,30 @@ void random_streamed_use(bool release_fronts, std::uint64_t zone_pages = 0) {
     for (const auto& [o, n] : held) end = std::max(end, o + n * P);
     EXPECT_EQ(ring->held_end(), end) << i;
     EXPECT_EQ(memory_stats().current - before.current, ring->used()) << i;
-    if (!held.empty()) {
-      const auto [o, n] = held.back();
+    // The streamed block's pages are free where no older block holds them; no other two blocks
+    // share a page.
+    const size_t si = streaming_block == ~size_t{0} ? held.size() : streaming_block - popped;
+    if (si < held.size()) {
+      const auto [o, n] = held[si];
       for (std::uint64_t k = 0; k < n; ++k) {
         bool older = false;
-        for (size_t j = 0; j + 1 < held.size(); ++j) {
+        for (size_t j = 0; j < si; ++j) {
           older |= held[j].first <= o + k * P && o + k * P < held[j].first + held[j].second * P;
         }
         EXPECT_EQ(ring->range_free(ring->base() + o + k * P, P), !older) << i;
       }
-      if (!ring->streaming()) {
-        for (size_t j = 0; j + 1 < held.size(); ++j) {
-          for (size_t l = j + 1; l < held.size(); ++l) {
-            EXPECT_TRUE(held[j].first + held[j].second * P <= held[l].first ||
-                        held[l].first + held[l].second * P <= held[j].first)
-                << i;
-          }
-        }
+    }
+    for (size_t j = 0; j < held.size(); ++j) {
+      for (size_t l = j + 1; l < held.size(); ++l) {
+        if (l == si) continue;
+        EXPECT_TRUE(held[j].first + held[j].second * P <= held[l].first ||
+                    held[l].first + held[l].second * P <= held[j].first)
+            << i;
       }
     }
   }
   EXPECT_GT(streamed, 200);
+  EXPECT_GT(pushed_while_streaming, 10);
   if (release_fronts) EXPECT_GT(released, 500);
   EXPECT_EQ(lent_any, zone_pages > 0);
   if (zone_pages > 0) EXPECT_GT(lent_streamed, 20);
@@ -372,15 +434,15 @@ TEST(BlockRing, TheOldestBlockGivesBackItsFrontForTheBlockStreamingOverIt) {
   EXPECT_EQ(ring->release_front_until(a), 0u) << "nothing before its first byte";
   EXPECT_EQ(ring->release_front_until(a + 30 * P), 0u) << "not inside it";
   char* s = static_cast<char*>(ring->push_streamed(36 * P));
-  ASSERT_EQ(s, a) << "from the start, over a";
+  ASSERT_EQ(s, a + 4 * P) << "over a's last 26 pages, ending at the ring's end";
   EXPECT_FALSE(ring->range_free(s, P));
-  EXPECT_EQ(ring->used(), 36u * P);
-  EXPECT_EQ(ring->release_front_until(s + 12 * P + 100), 12u * P) << "a's first 12 pages ran";
-  EXPECT_TRUE(ring->range_free(s, 12 * P));
-  EXPECT_FALSE(ring->range_free(s + 12 * P, P));
+  EXPECT_EQ(ring->used(), 40u * P);
+  EXPECT_EQ(ring->release_front_until(a + 12 * P + 100), 12u * P) << "a's first 12 pages ran";
+  EXPECT_TRUE(ring->range_free(s, 8 * P));
+  EXPECT_FALSE(ring->range_free(s + 8 * P, P));
   EXPECT_TRUE(ring->streaming());
-  EXPECT_EQ(ring->used(), 36u * P) << "s holds what a gave back";
-  EXPECT_EQ(ring->release_front_until(s + 12 * P), 0u) << "already given back";
+  EXPECT_EQ(ring->used(), 36u * P) << "s holds what a gave back but its first 4 pages";
+  EXPECT_EQ(ring->release_front_until(a + 12 * P), 0u) << "already given back";
   ring->pop();  // the rest of a
   EXPECT_FALSE(ring->streaming());
   EXPECT_EQ(ring->used(), 36u * P);

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "swapnet/allocator.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <limits>
 #include <set>
 #include <tuple>
+#include <utility>
 
 namespace swapnet {
 namespace {
@@ -249,19 +252,21 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   };
   constexpr std::uint64_t kPage = 4096;
   const std::uint64_t cap = ring_depth == 2 ? ring_bytes : ring_bytes / kPage * kPage;
-  constexpr std::uint64_t kNo = ~std::uint64_t{0};  // does not fit
+  constexpr std::uint64_t kNo = kNoRingSlot;  // does not fit
   std::deque<Held> held;
   std::uint64_t head = 0, held_bytes = 0;
   bool wrapped = false;
-  // Where a block ending at most at `lim` (cap, or into the zone) goes, as BlockRing::push.
+  // Where a block ending at most at `lim` (cap, or into the zone) goes, as BlockRing::push
+  // (ring_slot: Note [Holes in the ring] in allocator/src/ring.cpp).
+  std::vector<RingBlock> ranges;
+  auto held_now = [&]() -> std::vector<RingBlock>& {
+    ranges.clear();
+    for (const Held& h : held) ranges.push_back(RingBlock{h.off, h.bytes});
+    return ranges;
+  };
   auto slot = [&](std::uint64_t bytes, std::uint64_t lim) -> std::uint64_t {
     if (ring_depth == 2) return held_bytes + bytes <= cap ? 0 : kNo;  // two ends: bytes only
-    if (held.empty()) return bytes <= lim ? 0 : kNo;
-    const std::uint64_t oldest = held.front().off;
-    const std::uint64_t below = std::min(oldest, lim);
-    if (wrapped) return head <= below && bytes <= below - head ? head : kNo;
-    if (head <= lim && bytes <= lim - head) return head;
-    return bytes <= below ? 0 : kNo;
+    return ring_slot(held_now(), head, bytes, lim);
   };
   // The same for a block that must start at the ring's first byte (never in the zone).
   auto place = [&](std::uint64_t bytes, bool first, std::uint64_t lim) -> std::uint64_t {
@@ -317,21 +322,10 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
       while (!held.empty() && (compute_through(held.front().g), finish[held.front().g] <= t_read)) pop(&room);
       const std::uint64_t lim = it.first ? cap : limit_at(std::max(t_read, room), g);
       if (!held.empty() && place(bytes, it.first, lim) == kNo) {
-        std::uint64_t off = !it.first && wrapped && head <= cap && bytes <= cap - head ? head : 0;
-        if (lim > cap && bytes <= lim && !wrapped && lim - bytes >= held.front().off) {
-          // Ending in the zone where fewer of its bytes wait, and only for the oldest block (as
-          // BlockRing::push_streamed does).
-          auto held_in = [&](std::uint64_t o, size_t count) {
-            std::uint64_t x = 0;
-            for (size_t i = 0; i < count && i < held.size(); ++i) {
-              const std::uint64_t a = std::max(o, held[i].off), b = std::min(o + bytes, held[i].off + held[i].bytes);
-              if (a < b) x += b - a;
-            }
-            return x;
-          };
-          const std::uint64_t end = lim - bytes;
-          if (held_in(end, held.size()) == held_in(end, 1) && held_in(end, 1) < held_in(off, held.size())) off = end;
-        }
+        // Where it waits least, as BlockRing::push_streamed chooses (the block kept in part: at
+        // the ring's first byte).
+        std::uint64_t off = it.first ? 0 : ring_stream_slot(held_now(), head, bytes, lim);
+        if (off == kNoRingSlot) off = 0;
         compute_through(held.back().g);  // when each block it waits for ends (all were read)
         struct Piece {
           double free_at;

@@ -141,9 +141,10 @@ class SWAPNET_API BlockRing {
   std::shared_ptr<void> memory() const;
   // Deep rings: pushes a block that does not fit yet where it will once the older blocks it
   // overlaps are gone (Note [Streaming into the ring] in ring.cpp); its bytes may be written
-  // only where range_free() says so. Nothing more fits until the overlap is gone (streaming()).
-  // A block that fits is pushed as by push(); nullptr for a block larger than the ring, while
-  // another block streams, or where the ring is not deep.
+  // only where range_free() says so. Meanwhile blocks that overlap nothing held may still be
+  // pushed after it (push, fits), but no other block streams until the overlap is gone
+  // (streaming()). A block that fits is pushed as by push(); nullptr for a block larger than
+  // the ring, while another block streams, or where the ring is not deep.
   void* push_streamed(std::uint64_t bytes);
   // The same where it may end up to `limit` bytes after base() (as push(bytes, limit)): its
   // bytes in the zone are free at once.
@@ -156,7 +157,8 @@ class SWAPNET_API BlockRing {
   void* push_first_streamed(std::uint64_t bytes);
   char* kept_begin() const;
   std::uint64_t kept() const;
-  // Whether no block older than the newest holds any of [p, p + bytes) (always, when none streams).
+  // Whether no block older than the streaming one holds any of [p, p + bytes) (always, when
+  // none streams).
   bool range_free(const void* p, std::uint64_t bytes) const;
   // Deep rings: the oldest block gives back its bytes before `p` (page-rounded down), once the
   // layers those bytes hold have run (Note [Giving a block back layer by layer] in ring.cpp); a
@@ -183,5 +185,21 @@ class SWAPNET_API BlockRing {
   explicit BlockRing(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Where a deep ring places a block (Note [Holes in the ring] and Note [Streaming into the ring] in
+// ring.cpp), from the blocks it holds (offsets from base(), oldest first) and where the newest
+// ends (`head`): BlockRing and the planner's simulation of it both place blocks with these.
+struct RingBlock {
+  std::uint64_t offset = 0, bytes = 0;
+};
+constexpr std::uint64_t kNoRingSlot = ~std::uint64_t{0};
+// A block of `bytes` ending at most at `limit` over no byte held: after the newest block when
+// those bytes are free, else the lowest free range; kNoRingSlot when none. Sorts `held`.
+std::uint64_t ring_slot(std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes, std::uint64_t limit);
+// A streamed block of `bytes` ending at most at `limit` (>= bytes): of the places after the
+// newest block, at the start, after each block held and ending at `limit`, the one whose newest
+// block overlapped leaves first, then the one over the fewest held bytes.
+std::uint64_t ring_stream_slot(const std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes,
+                               std::uint64_t limit);
 
 }  // namespace swapnet
