@@ -374,6 +374,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                 {"disk_mb_s_while_busy", busy_ms > 0 ? json(read_bytes / (busy_ms * 1e3)) : json(nullptr)},
                 {"layers_started_early", static_cast<double>(ps1.layers_started_early - ps0.layers_started_early) / iters},
                 {"released_early_bytes", static_cast<double>(ps1.released_early_bytes - ps0.released_early_bytes) / iters},
+                {"read_past_streamed", static_cast<double>(ps1.read_past_streamed - ps0.read_past_streamed) / iters},
                 // Note [Lending the activation reserve]: since open, warm-up included.
                 {"zone_bytes", ps1.zone_bytes},
                 {"lent_peak_bytes", ps1.lent_peak_bytes},

@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
                   "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "
                   "block waiting for its whole room) | ring-blocks (the same, a block's layers waiting for all "
                   "of it and holding all of it until its last layer ran) | ring-reserved (the same as ring, the activation "
-                  "reserve kept for activations all the time instead of lent to blocks where they leave it) | paper "
+                  "reserve kept for activations all the time instead of lent to blocks where they leave it) | "
+                  "ring-serial (the same as ring, nothing read after a streamed block until it is whole) | paper "
                   "(two blocks, one inference at a time)");
   add_common(run, common, true, false);
 

@@ -346,12 +346,16 @@ void set_executor_option(ExecutorOptions* o, const std::string& name, const std:
     // ring-whole: the ring without streaming (Note [Streaming into the ring]); ring-blocks:
     // without layer-by-layer pipelining (Note [Layer by layer]); for comparison.
     // ring-reserved: without lending the activation reserve (Note [Lending the activation reserve]).
+    // ring-serial: nothing read after a streamed block until it is whole (Note [Streaming into
+    // the ring]).
     o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
                                                     {"ring-blocks", ReadAhead::kRing}, {"ring-reserved", ReadAhead::kRing},
+                                                    {"ring-serial", ReadAhead::kRing},
                                                     {"paper", ReadAhead::kPaper}});
     o->stream = value != "ring-whole";
-    o->layer_by_layer = value == "ring" || value == "ring-reserved";
-    o->lend = value == "ring";
+    o->layer_by_layer = value == "ring" || value == "ring-reserved" || value == "ring-serial";
+    o->lend = value == "ring" || value == "ring-serial";
+    o->read_past_streamed = value != "ring-serial";
   } else if (key == "verify") {
     o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
                                              {"never", Verify::kNever}});
@@ -582,6 +586,7 @@ struct Executor::Impl {
   double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
+  std::uint64_t read_past_streamed = 0;  // blocks pushed while a streamed one waited
   std::atomic<bool> yield{false};
 
   // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
@@ -867,7 +872,13 @@ struct Executor::Impl {
   }
   void pump_reads(bool may_wait) {
     if (released || shed_pending || plan.blocks.empty()) return;
-    if (!fetches.empty() && fetches.back().streamed() && !stream_pieces(fetches.back())) return;
+    // A streamed block's pieces whose bytes are free now; blocks that overlap nothing held may
+    // still go after it (Note [Streaming into the ring]).
+    bool streaming = false;
+    for (Fetch& f : fetches) {
+      if (f.streamed() && !stream_pieces(f)) streaming = true;
+    }
+    if (streaming && !opt.read_past_streamed) return;
     const int n = static_cast<int>(plan.blocks.size());
     for (int guard = 0; guard < 2 * n + 2; ++guard) {
       if (rd_next && (!cross_inference || rd_block >= cur)) return;
@@ -915,12 +926,14 @@ struct Executor::Impl {
           f.stream = true;
           ++streamed;
           fetches.push_back(std::move(f));
-          stream_pieces(fetches.back());
+          streaming = !stream_pieces(fetches.back());
           note_in_use();
           advance();
-          return;  // nothing goes after it until it is whole
+          if (streaming && !opt.read_past_streamed) return;
+          continue;  // blocks that overlap nothing held may follow it
         }
         f.at = at - kept;
+        if (streaming) ++read_past_streamed;
       }
       if (f.bytes > 0 && layer_by_layer(f)) {
         // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
@@ -2017,6 +2030,7 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   p.read_wait_ms = impl_->read_wait_seconds * 1e3;
   p.layers_started_early = impl_->layers_started_early;
   p.released_early_bytes = impl_->released_early;
+  p.read_past_streamed = impl_->read_past_streamed;
   p.zone_bytes = impl_->lends() ? impl_->ring->lend() : 0;
   p.lent_peak_bytes = impl_->lent_peak;
   p.zone_peak_bytes = impl_->zone_peak;

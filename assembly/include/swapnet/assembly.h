@@ -256,6 +256,10 @@ struct ExecutorOptions {
   // they are popped (Note [Streaming into the ring] in allocator/src/ring.cpp); false: it waits
   // until its whole room is free (read-ahead "ring-whole", for comparison).
   bool stream = true;
+  // kRing with `stream`: blocks that overlap nothing held are read while a streamed block waits
+  // for older blocks' bytes (Note [Streaming into the ring]); false: nothing is read after a
+  // streamed block until it is whole (read-ahead "ring-serial", for comparison).
+  bool read_past_streamed = true;
   // kRing on host memory: a block's layers run as their bytes land and give their ring bytes
   // back as they end (Note [Layer by layer] in executor.cpp); false: block by block (read-ahead
   // "ring-blocks", for comparison).
@@ -422,6 +426,9 @@ class SWAPNET_API Executor {
     double read_wait_ms = 0;
     std::uint64_t layers_started_early = 0;
     std::uint64_t released_early_bytes = 0;
+    // Blocks pushed while a streamed block still waited for older blocks' bytes (Note
+    // [Streaming into the ring]).
+    std::uint64_t read_past_streamed = 0;
     // Note [Lending the activation reserve] in executor.cpp, since open: the zone's size (the
     // activation reserve; 0: no lending), the most ring bytes lent to blocks at once, the most
     // zone bytes in use at once (activations + lent blocks; never above zone_bytes), and
