@@ -195,11 +195,12 @@ struct RingBlock {
 constexpr std::uint64_t kNoRingSlot = ~std::uint64_t{0};
 // A block of `bytes` ending at most at `limit` over no byte held: after the newest block when
 // those bytes are free, else the lowest free range; kNoRingSlot when none. Sorts `held`.
-std::uint64_t ring_slot(std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes, std::uint64_t limit);
+SWAPNET_API std::uint64_t ring_slot(std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes,
+                                    std::uint64_t limit);
 // A streamed block of `bytes` ending at most at `limit` (>= bytes): of the places after the
 // newest block, at the start, after each block held and ending at `limit`, the one whose newest
 // block overlapped leaves first, then the one over the fewest held bytes.
-std::uint64_t ring_stream_slot(const std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes,
-                               std::uint64_t limit);
+SWAPNET_API std::uint64_t ring_stream_slot(const std::vector<RingBlock>& held, std::uint64_t head, std::uint64_t bytes,
+                                           std::uint64_t limit);
 
 }  // namespace swapnet
