@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <set>
@@ -271,6 +272,27 @@ TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
   EXPECT_TRUE(c.equal) << "usable after a failed forward: " << c.difference;
 }
 
+// Eight inferences, each with a budget change at a random layer in its middle (budget(trial)):
+// weights held plus the reserve stay within the new plan right after it, and every output is
+// bit-identical.
+void change_budgets_mid_inference(Executor& ex, const at::Tensor& x, const c10::IValue& expected,
+                                  unsigned seed, const std::function<std::uint64_t(int)>& budget,
+                                  const std::string& what) {
+  std::mt19937 rng(seed);
+  const int L = static_cast<int>(ex.info().layers.size());
+  for (int trial = 0; trial < 8; ++trial) {
+    ex.begin({x.clone()});
+    bool done = false;
+    const int k = 1 + static_cast<int>(rng() % (L - 1));
+    while (!done && ex.next_layer() < k) done = ex.step(k);
+    ex.set_budget(budget(trial));
+    EXPECT_LE(ex.weight_memory().held + ex.plan().activation_bytes, ex.plan().total()) << what << " trial " << trial;
+    while (!done) done = ex.step();
+    Comparison c = compare_outputs(expected, ex.finish());
+    ASSERT_TRUE(c.equal) << what << " trial " << trial << " at layer " << k << ": " << c.difference;
+  }
+}
+
 // A ring of one block (Note [A ring of one block]): the next block streams into the bytes the
 // one before frees (Note [Streaming into the ring]). Bit-identical, never more than the ring in
 // use, budget changes in the middle of an inference and a failed read included; ring-whole
@@ -326,19 +348,8 @@ TEST(Executor, BlocksStreamIntoTheBytesOlderBlocksFree) {
     // Checksums are verified on the first read of each layer, in one read: streaming after that.
     EXPECT_GE(ex->streamed_blocks(), 3u) << "consecutive blocks never fit together here";
     // Budget changes at layers in the middle, tight and back, with a block streaming.
-    std::mt19937 rng(5);
-    const int L = static_cast<int>(info.layers.size());
-    for (int trial = 0; trial < 8; ++trial) {
-      ex->begin({x.clone()});
-      bool done = false;
-      const int k = 1 + static_cast<int>(rng() % (L - 1));
-      while (!done && ex->next_layer() < k) done = ex->step(k);
-      ex->set_budget(trial % 2 ? tight : tight + largest / 2);
-      EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, ex->plan().total());
-      while (!done) done = ex->step();
-      Comparison c = compare_outputs(expected, ex->finish());
-      ASSERT_TRUE(c.equal) << "trial " << trial << " at layer " << k << ": " << c.difference;
-    }
+    ASSERT_NO_FATAL_FAILURE(change_budgets_mid_inference(
+        *ex, x, expected, 5, [&](int trial) { return trial % 2 ? tight : tight + largest / 2; }, ra));
     // A read failing while blocks stream fails that inference only.
     ex = Executor::open(pk.img, o);
     (void)ex->forward({x.clone()});
@@ -407,20 +418,8 @@ TEST(Executor, BlocksAreReadPastAStreamedBlockThatWaits) {
     } else {
       EXPECT_EQ(past, 0u);
     }
-    std::mt19937 rng(3);
-    const int L = static_cast<int>(info.layers.size());
-    for (int trial = 0; trial < 8; ++trial) {
-      ex->begin({x.clone()});
-      bool done = false;
-      const int k = 1 + static_cast<int>(rng() % (L - 1));
-      while (!done && ex->next_layer() < k) done = ex->step(k);
-      const std::uint64_t to = trial % 2 ? info.data_size / 3 : info.data_size / 4;
-      ex->set_budget(to);
-      EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, ex->plan().total()) << ra << " trial " << trial;
-      while (!done) done = ex->step();
-      Comparison c = compare_outputs(expected, ex->finish());
-      ASSERT_TRUE(c.equal) << ra << " trial " << trial << " at layer " << k << ": " << c.difference;
-    }
+    ASSERT_NO_FATAL_FAILURE(change_budgets_mid_inference(
+        *ex, x, expected, 3, [&](int trial) { return trial % 2 ? info.data_size / 3 : info.data_size / 4; }, ra));
   }
 }
 

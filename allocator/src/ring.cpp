@@ -115,10 +115,8 @@ struct BlockRing::Impl {
   std::shared_ptr<Arena> arena;  // the memory (two-ended: its two ends); deep: kept + capacity + lend
   char* base() const { return arena->base() + kept; }
   bool deep = false;             // a contiguous ring; else two-ended
-  // Contiguous ring: where the next block goes after the newest, and whether the newest blocks
-  // sit before the oldest (the ring has wrapped: free space is [head, oldest)).
+  // Contiguous ring: where the next block goes after the newest.
   std::uint64_t head = 0;
-  bool wrapped = false;
   struct Entry {
     std::uint64_t offset = 0;  // deep: offset in the ring; two-ended: 0 low, 1 high
     std::uint64_t bytes = 0;
@@ -191,9 +189,6 @@ struct BlockRing::Impl {
     if (si < fifo.size() && overlap == 0) fifo[si].streams = false;
     account_memory(-static_cast<std::int64_t>(below));
   }
-  // Blocks in FIFO order from the oldest: wrapped when the newest does not lie after it (a
-  // streamed newest block may start where the oldest does).
-  void set_wrapped() { wrapped = fifo.size() > 1 && fifo.back().offset <= fifo.front().offset; }
   void* push_over(std::uint64_t offset, std::uint64_t bytes);
   // Whether a block of `bytes` (page-rounded) may be pushed over older ones: deep, none streaming.
   bool may_stream(std::uint64_t bytes) const { return deep && overlap == 0 && bytes > 0 && bytes <= capacity; }
@@ -337,7 +332,6 @@ void* BlockRing::push(std::uint64_t bytes, std::uint64_t limit) {
   m.fifo.push_back(e);
   if (m.deep) {
     m.enter(e.offset, bytes);
-    m.set_wrapped();
   } else {
     m.used += bytes;  // the arena accounts its own
   }
@@ -351,7 +345,6 @@ void* BlockRing::push_first(std::uint64_t bytes) {
   m.fifo.push_back(Impl::Entry{0, bytes});
   m.enter(0, bytes);
   m.head = bytes;
-  m.set_wrapped();
   return m.base();
 }
 
@@ -391,7 +384,6 @@ void* BlockRing::Impl::push_over(std::uint64_t offset, std::uint64_t bytes) {
   const std::uint64_t added = (bytes - z) - (m.overlap - overlap_zone);
   m.used += added;
   m.head = e.offset + bytes;
-  m.set_wrapped();
   account_memory(static_cast<std::int64_t>(added));
   return m.base() + e.offset;
 }
@@ -424,7 +416,6 @@ std::uint64_t BlockRing::release_front_until(const void* p) {
   }
   e.offset += n;
   e.bytes -= n;
-  m.set_wrapped();
   return n;
 }
 
@@ -435,12 +426,7 @@ void BlockRing::pop() {
   m.fifo.pop_front();
   if (m.deep) {
     m.give_up(e.offset, e.bytes);
-    if (m.fifo.empty()) {
-      m.head = 0;  // start over at the beginning: fewer pages touched, no tail lost
-      m.wrapped = false;
-    } else {
-      m.set_wrapped();
-    }
+    if (m.fifo.empty()) m.head = 0;  // start over at the beginning: fewer pages touched, no tail lost
   } else {
     m.used -= e.bytes;
     m.arena->release(e.offset == 1);

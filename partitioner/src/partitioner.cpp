@@ -255,7 +255,6 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   constexpr std::uint64_t kNo = kNoRingSlot;  // does not fit
   std::deque<Held> held;
   std::uint64_t head = 0, held_bytes = 0;
-  bool wrapped = false;
   // Where a block ending at most at `lim` (cap, or into the zone) goes, as BlockRing::push
   // (ring_slot: Note [Holes in the ring] in allocator/src/ring.cpp).
   std::vector<RingBlock> ranges;
@@ -301,7 +300,6 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     held_bytes -= h.bytes;
     held.pop_front();
     if (held.empty()) head = 0;
-    wrapped = held.size() > 1 && held.back().off <= held.front().off;
   };
   for (size_t g = 0; g < total; ++g) {
     const Item& it = items[g % n];
@@ -363,7 +361,6 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
         held.push_back(Held{g, off, bytes});
         held_bytes += bytes;
         head = off + bytes;
-        wrapped = held.size() > 1 && held.back().off <= held.front().off;
         continue;
       }
     }
@@ -383,7 +380,6 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
     }
     const std::uint64_t off = at != kNo ? at : 0;  // a block larger than the ring: as if alone
     held.push_back(Held{g, off, bytes});
-    wrapped = ring_depth != 2 && held.size() > 1 && held.back().off <= held.front().off;
     read_start[g] = std::max(t_read, room);
     read_done[g] = read_start[g] + it.io;
     t_read = read_done[g];
