@@ -492,6 +492,33 @@ TEST_P(Reader, AnEmulatedDiskServesAtItsRateWithNoCreditForIdleTime) {
   EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.099);
 }
 
+// Note [Earliest block first]: a read submitted later with a lower order is served before the
+// rest of an earlier one (which waits only for its requests already in flight); with equal orders
+// reads are served in the order submitted. An emulated disk makes the large read take ~200 ms.
+TEST_P(Reader, ALowerOrderIsServedBeforeTheRestOfAnEarlierRead) {
+  ReaderOptions o = options();
+  o.emulate_bytes_per_s = static_cast<double>(info_.data_size) / 0.2;
+  std::unique_ptr<BlockReader> r;
+  ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
+  ASSERT_GE(info_.data_size, 16 * o.request_bytes) << "the large read must outlast the queue depth";
+  Buf big(info_.data_size), small(o.request_bytes);
+  for (const std::uint64_t order : {1, 0}) {
+    auto a = r->submit(info_.data_offset, info_.data_size, big.p, checks(), 1);
+    auto b = r->submit(info_.data_offset, o.request_bytes, small.p, {}, order);
+    ASSERT_TRUE(r->wait(b).ok());
+    const std::uint64_t left = r->unlanded_bytes(a);
+    if (order == 0) {
+      EXPECT_GT(left, info_.data_size / 2) << "the later read of lower order waited for the earlier one";
+    } else {
+      EXPECT_EQ(left, 0u) << "equal orders: served in the order submitted";
+    }
+    Status s = r->wait(a);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(std::memcmp(big.p, &bytes_[info_.data_offset], info_.data_size), 0);
+    EXPECT_EQ(std::memcmp(small.p, &bytes_[info_.data_offset], o.request_bytes), 0);
+  }
+}
+
 // busy_seconds() counts the time a read was with the kernel: within the time the reads took,
 // and not the time the reader sat idle after them.
 TEST_P(Reader, BusyTimeCountsOnlyTimeWithAReadInFlight) {

@@ -538,12 +538,16 @@ struct Executor::Impl {
     // as their bytes land (Note [Layer by layer]); `stream` marks the streamed ones.
     std::vector<BlockReader::Ticket> pieces;
     bool stream = false;
+    // Its place in the read order: the reader serves lower first (Note [Earliest block first] in
+    // swapcore/src/reader.cpp), so a streamed block's pieces go before blocks pushed past it.
+    std::uint64_t order = 0;
     bool streamed() const { return stream; }
     bool reads() const { return ticket != 0 || !pieces.empty(); }
   };
   static constexpr std::uint64_t kPiece = kStreamPieceBytes;  // as the planner's simulation
   static_assert(kPiece % kImageAlign == 0);
   std::deque<Fetch> fetches;
+  std::uint64_t fetch_order = 0;  // Fetch::order of the newest fetch
   int rd_block = 0;      // the cursor: next block to consider
   int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
   bool rd_next = false;  // the cursor is in the next inference
@@ -891,6 +895,7 @@ struct Executor::Impl {
       f.last = bl;
       f.bytes = span(first, bl);
       f.next = rd_next;
+      f.order = fetch_order + 1;
       if (plan.resident[b]) {
         if (kept_state[b] != Kept::kNone) {
           advance();
@@ -925,6 +930,7 @@ struct Executor::Impl {
           f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
           f.stream = true;
           ++streamed;
+          fetch_order = f.order;
           fetches.push_back(std::move(f));
           streaming = !stream_pieces(fetches.back());
           note_in_use();
@@ -940,14 +946,15 @@ struct Executor::Impl {
         f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
         for (size_t i = 0; i < f.pieces.size(); ++i) {
           const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
-          f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at);
+          f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at, {}, f.order);
         }
       } else if (f.bytes > 0) {
         f.ticket = reader->submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
-                                  f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl));
+                                  f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl), f.order);
       } else {
         f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
       }
+      fetch_order = f.order;
       fetches.push_back(f);
       note_in_use();
       advance();
@@ -964,7 +971,7 @@ struct Executor::Impl {
         all = false;
         continue;
       }
-      f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at);
+      f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at, {}, f.order);
     }
     return all;
   }

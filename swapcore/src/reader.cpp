@@ -195,6 +195,18 @@ SharedDisk::Stats SharedDisk::stats() const {
 
 // ---- the reader -------------------------------------------------------------------------
 
+// Note [Earliest block first]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Requests are handed out from the job with the lowest `order` submit() was given, then the
+// oldest; by default every job has order 0, so reads are served in the order submitted. The
+// executor gives each read the position of its block in the read order: a streamed block's
+// pieces are submitted one by one as older blocks free their bytes, after blocks pushed past it
+// (Note [Streaming into the ring] in allocator/src/ring.cpp), and in submission order each freed
+// piece waited for those whole blocks while the computation waited for it. Served by order, a
+// freed piece waits only for the requests already in the kernel (up to a queue depth), and the
+// later blocks are read while the streamed block's pieces wait for room: the disk stays as busy,
+// and the bytes needed first land first.
+//
 // Note [An emulated disk]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // bench/throttle.sh's blkio throttle grants a slice of bytes at once after a group idled, so a
@@ -247,6 +259,7 @@ void emulated_read_wait(std::chrono::steady_clock::time_point queued, std::uint6
 struct BlockReader::Impl {
   struct Job {
     Ticket id = 0;
+    std::uint64_t order = 0;  // submit()'s: lower goes first (Note [Earliest block first])
     std::uint64_t offset = 0;
     std::size_t length = 0;
     char* buffer = nullptr;
@@ -530,18 +543,19 @@ struct BlockReader::Impl {
     work_cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return stopping || disk_wakes.load() != seen; });
   }
 
-  // Hands out the next request-sized piece of the oldest job with bytes left to issue.
+  // Hands out the next request-sized piece of the job with bytes left to issue that comes first
+  // (the lowest order, then the oldest: Note [Earliest block first]).
   bool next_piece(Request& r) {
-    for (Job* j : pending) {
-      if (j->submitted < j->length && j->status.ok()) {
-        std::size_t n = std::min(opt.request_bytes, j->length - j->submitted);
-        r = Request{j, j->offset + j->submitted, n, j->buffer + j->submitted, 0, true, j->offset + j->submitted, n};
-        j->submitted += n;
-        j->in_flight++;
-        return true;
-      }
+    Job* j = nullptr;
+    for (Job* c : pending) {
+      if (c->submitted < c->length && c->status.ok() && (j == nullptr || c->order < j->order)) j = c;
     }
-    return false;
+    if (j == nullptr) return false;
+    std::size_t n = std::min(opt.request_bytes, j->length - j->submitted);
+    r = Request{j, j->offset + j->submitted, n, j->buffer + j->submitted, 0, true, j->offset + j->submitted, n};
+    j->submitted += n;
+    j->in_flight++;
+    return true;
   }
 
   void retire_finished_locked() {
@@ -795,9 +809,10 @@ Status BlockReader::open(const std::string& path, const ReaderOptions& options, 
 }
 
 BlockReader::Ticket BlockReader::submit(std::uint64_t offset, std::size_t length, void* buffer,
-                                        std::vector<Check> verify) {
+                                        std::vector<Check> verify, std::uint64_t order) {
   Impl& m = *impl_;
   auto job = std::make_unique<Impl::Job>();
+  job->order = order;
   job->queued = std::chrono::steady_clock::now();
   job->offset = offset;
   job->length = length;

@@ -262,14 +262,16 @@ class SWAPNET_API BlockReader {
   // Queues a read of [offset, offset + length) into `buffer`. offset, length and buffer must be
   // multiples of kImageAlign (the image guarantees this for blocks). `verify` lists checksums
   // to check as the data lands: (offset, size, xxh3) ranges inside the read, with names for the
-  // message. Returns a ticket for wait().
+  // message. Reads are served by `order` (lower first), then in the order submitted (Note
+  // [Earliest block first] in reader.cpp). Returns a ticket for wait().
   struct Check {
     std::uint64_t offset;
     std::uint64_t size;
     std::uint64_t checksum;
     std::string what;  // e.g. "layer 7 (layer1.0.conv2)"
   };
-  Ticket submit(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {});
+  Ticket submit(std::uint64_t offset, std::size_t length, void* buffer, std::vector<Check> verify = {},
+                std::uint64_t order = 0);
   Status wait(Ticket ticket);  // blocks until done; the status of that read
   // Bytes of the read not landed yet, without waiting (0 once all have landed, its checksums
   // perhaps still to check; 0 for a ticket unknown or already waited for).
