@@ -375,6 +375,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                 {"layers_started_early", static_cast<double>(ps1.layers_started_early - ps0.layers_started_early) / iters},
                 {"released_early_bytes", static_cast<double>(ps1.released_early_bytes - ps0.released_early_bytes) / iters},
                 {"read_past_streamed", static_cast<double>(ps1.read_past_streamed - ps0.read_past_streamed) / iters},
+                {"read_at_layer_end", static_cast<double>(ps1.read_at_layer_end - ps0.read_at_layer_end) / iters},
                 // Note [Lending the activation reserve]: since open, warm-up included.
                 {"zone_bytes", ps1.zone_bytes},
                 {"lent_peak_bytes", ps1.lent_peak_bytes},
