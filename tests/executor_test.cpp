@@ -506,7 +506,9 @@ TEST(Executor, ABlockHeldBackByALayersActivationsIsReadWhenThatLayerEnds) {
       EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << ra << " inference " << i;
     }
     if (ra == "ring") {
-      EXPECT_GT(ex->pipeline_stats().read_at_layer_end, 0u) << "budget " << o.budget;
+      const Executor::PipelineStats st = ex->pipeline_stats();
+      EXPECT_GT(st.read_at_layer_end, 0u) << "budget " << o.budget << ", zone " << st.zone_bytes << ", lent at most "
+                                          << st.lent_peak_bytes << ", activations " << ex->plan().activation_bytes;
     } else {
       EXPECT_EQ(ex->pipeline_stats().read_at_layer_end, 0u);
     }

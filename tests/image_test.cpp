@@ -497,11 +497,12 @@ TEST_P(Reader, AnEmulatedDiskServesAtItsRateWithNoCreditForIdleTime) {
 // reads are served in the order submitted. An emulated disk makes the large read take ~200 ms.
 TEST_P(Reader, ALowerOrderIsServedBeforeTheRestOfAnEarlierRead) {
   ReaderOptions o = options();
-  o.emulate_bytes_per_s = static_cast<double>(info_.data_size) / 0.2;
+  // ~25 requests of ~25 ms each: the test thread may stall ~150 ms between the two submits.
+  o.emulate_bytes_per_s = static_cast<double>(info_.data_size) / 0.6;
+  Buf big(info_.data_size), small(o.request_bytes);  // outlive the reader's reads
   std::unique_ptr<BlockReader> r;
   ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
   ASSERT_GE(info_.data_size, 16 * o.request_bytes) << "the large read must outlast the queue depth";
-  Buf big(info_.data_size), small(o.request_bytes);
   for (const std::uint64_t order : {1, 0}) {
     auto a = r->submit(info_.data_offset, info_.data_size, big.p, checks(), 1);
     auto b = r->submit(info_.data_offset, o.request_bytes, small.p, {}, order);
@@ -510,7 +511,9 @@ TEST_P(Reader, ALowerOrderIsServedBeforeTheRestOfAnEarlierRead) {
     if (order == 0) {
       EXPECT_GT(left, info_.data_size / 2) << "the later read of lower order waited for the earlier one";
     } else {
-      EXPECT_EQ(left, 0u) << "equal orders: served in the order submitted";
+      // Equal orders: served in the order submitted (io_uring may complete the small read before
+      // the large one's last requests in flight).
+      EXPECT_LE(left, (o.queue_depth - 1) * o.request_bytes);
     }
     Status s = r->wait(a);
     ASSERT_TRUE(s.ok()) << s.message();

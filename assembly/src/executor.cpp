@@ -1752,11 +1752,22 @@ bool Executor::step(int stop_before) {
       ran = true;
       // The rest of the block may have been given back: no further layer before a re-plan.
       if (m.shed_pending && m.run->next_layer() <= last) return false;
-      // Lending: the layer that ended may have been the last in the way of a block's limit (the
-      // zone its activations needed is free now), also inside a resident block or one read whole
-      // (Note [Lending the activation reserve]).
-      if (m.lends() && !m.cuda && m.run->next_layer() <= last) {
-        m.at_layer_end = true;
+      std::uint64_t n_back = 0;
+      if (pieces && m.run->next_layer() <= last) {
+        // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
+        const int need = m.first_needed(b, m.run->next_layer());
+        if (need > m.cur_fetch.first) {
+          n_back = m.ring->release_front_until(m.cur_fetch.at + (m.offset(need) - m.offset(m.cur_fetch.first)));
+          m.released_early += n_back;
+        }
+      }
+      // Reads on: a block streaming over the bytes given back; and, lending, a block whose limit
+      // the layer that ended was the last in the way of (the zone its activations needed is free
+      // now), also inside a resident block or one read whole (Note [Lending the activation
+      // reserve]).
+      const bool lending = m.lends() && !m.cuda && m.run->next_layer() <= last;
+      if (n_back > 0 || lending) {
+        m.at_layer_end = lending;
         try {
           m.pump();
         } catch (...) {
@@ -1764,18 +1775,6 @@ bool Executor::step(int stop_before) {
           throw;
         }
         m.at_layer_end = false;
-      }
-      if (pieces && m.run->next_layer() <= last) {
-        // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
-        const int need = m.first_needed(b, m.run->next_layer());
-        if (need > m.cur_fetch.first) {
-          const std::uint64_t n_back =
-              m.ring->release_front_until(m.cur_fetch.at + (m.offset(need) - m.offset(m.cur_fetch.first)));
-          if (n_back > 0) {
-            m.released_early += n_back;
-            m.pump();  // a block streaming over those bytes reads on
-          }
-        }
       }
     }
     if (pieces) {

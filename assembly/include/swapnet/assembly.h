@@ -429,9 +429,9 @@ class SWAPNET_API Executor {
     // Blocks pushed while a streamed block still waited for older blocks' bytes (Note
     // [Streaming into the ring]).
     std::uint64_t read_past_streamed = 0;
-    // Blocks whose read began when a layer inside the running block ended and its activations
-    // left the zone room (Note [Lending the activation reserve]): before, a block held back by a
-    // layer's activations waited for the end of the running block.
+    // Fetches pushed (and their reads begun or, streamed, queued) by the pump that runs after a
+    // layer inside a block while the ring lends (Note [Lending the activation reserve]): before,
+    // a block held back by a layer's activations waited for the end of the running block.
     std::uint64_t read_at_layer_end = 0;
     // Note [Lending the activation reserve] in executor.cpp, since open: the zone's size (the
     // activation reserve; 0: no lending), the most ring bytes lent to blocks at once, the most
