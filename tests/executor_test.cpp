@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <random>
 #include <set>
@@ -272,6 +273,22 @@ TEST(Executor, IoErrorFailsThatForwardAndTheNextWorks) {
   EXPECT_TRUE(c.equal) << "usable after a failed forward: " << c.difference;
 }
 
+// One inference: bit-identical to `expected`, the weights' peak plus the activations' (blocks
+// lent their bytes counted with them) within `budget`. Its output; none (a failure recorded)
+// when it differs.
+std::optional<c10::IValue> forward_within(Executor& ex, const at::Tensor& x, const c10::IValue& expected,
+                                          std::uint64_t budget, const std::string& what) {
+  ex.reset_weight_peak();
+  reset_cpu_meter_peak();
+  const std::uint64_t base = cpu_meter().current;
+  c10::IValue out = ex.forward({x.clone()});
+  EXPECT_LE(ex.weight_memory().peak + (cpu_meter().peak_with_lent - base), budget) << what;
+  Comparison c = compare_outputs(expected, out);
+  EXPECT_TRUE(c.equal) << what << ": " << c.difference;
+  if (!c.equal) return std::nullopt;
+  return out;
+}
+
 // Eight inferences, each with a budget change at a random layer in its middle (budget(trial)):
 // weights held plus the reserve stay within the new plan right after it, and every output is
 // bit-identical.
@@ -404,12 +421,7 @@ TEST(Executor, BlocksAreReadPastAStreamedBlockThatWaits) {
     o.budget = info.data_size / 3;
     auto ex = Executor::open(pk.img, o);
     for (int i = 0; i < 4; ++i) {
-      ex->reset_weight_peak();
-      reset_cpu_meter_peak();
-      const std::uint64_t base = cpu_meter().current;
-      Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
-      ASSERT_TRUE(c.equal) << ra << " inference " << i << ": " << c.difference;
-      EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << ra << " inference " << i;
+      ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, ra + " inference " + std::to_string(i)));
     }
     EXPECT_GT(ex->streamed_blocks(), 0u) << ra;
     const std::uint64_t past = ex->pipeline_stats().read_past_streamed;
@@ -445,15 +457,9 @@ TEST(Executor, BlocksBorrowTheActivationReserveWhereActivationsLeaveIt) {
     auto ex = Executor::open(pk.img, o);
     std::vector<c10::IValue> kept;  // outputs kept while later inferences run
     for (int i = 0; i < 6; ++i) {
-      ex->reset_weight_peak();
-      reset_cpu_meter_peak();
-      const std::uint64_t base = cpu_meter().current;
-      c10::IValue out = ex->forward({x.clone()});
-      const std::uint64_t act = cpu_meter().peak_with_lent - base;
-      EXPECT_LE(ex->weight_memory().peak + act, o.budget) << ra << " inference " << i;
-      Comparison cmp = compare_outputs(expected, out);
-      ASSERT_TRUE(cmp.equal) << ra << " inference " << i << ": " << cmp.difference;
-      kept.push_back(out);
+      std::optional<c10::IValue> out = forward_within(*ex, x, expected, o.budget, ra + " inference " + std::to_string(i));
+      ASSERT_TRUE(out);
+      kept.push_back(*out);
     }
     for (const auto& out : kept) EXPECT_TRUE(compare_outputs(expected, out).equal) << ra << ": a kept output changed";
     const Executor::PipelineStats st = ex->pipeline_stats();
@@ -498,12 +504,7 @@ TEST(Executor, ABlockHeldBackByALayersActivationsIsReadWhenThatLayerEnds) {
     }
     ASSERT_TRUE(ex) << ra;
     for (int i = 0; i < 4; ++i) {
-      ex->reset_weight_peak();
-      reset_cpu_meter_peak();
-      const std::uint64_t base = cpu_meter().current;
-      Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
-      ASSERT_TRUE(c.equal) << ra << " inference " << i << ": " << c.difference;
-      EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << ra << " inference " << i;
+      ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, ra + " inference " + std::to_string(i)));
     }
     if (ra == "ring") {
       const Executor::PipelineStats st = ex->pipeline_stats();
@@ -555,14 +556,7 @@ TEST(Executor, AnOlderImageRunsWithoutLendingAndSaysSo) {
   ASSERT_EQ(warned.size(), 1u);
   EXPECT_NE(warned[0].find("image format 4"), std::string::npos) << warned[0];
   EXPECT_NE(warned[0].find("re-pack"), std::string::npos) << warned[0];
-  for (int i = 0; i < 3; ++i) {
-    ex->reset_weight_peak();
-    reset_cpu_meter_peak();
-    const std::uint64_t base = cpu_meter().current;
-    Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
-    ASSERT_TRUE(c.equal) << "inference " << i << ": " << c.difference;
-    EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << "inference " << i;
-  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, "inference " + std::to_string(i)));
   EXPECT_EQ(ex->pipeline_stats().zone_bytes, 0u) << "no zone lent from a reserve counted as bytes live";
   auto now = Executor::open(pk.img, o);
   (void)now->forward({x.clone()});

@@ -39,15 +39,15 @@
 // after the newest block, at the start, after any block held and ending at its limit (in the
 // zone), it takes the one whose newest block overlapped leaves first, then the one over the
 // fewest held bytes (the old rule, after the newest block else from the start, could wait for
-// the block pushed just before it). Until the overlap is gone no other block
-// streams, but a block that overlaps nothing held is still pushed after it (fits() sees the
+// the block pushed just before it). Until the overlap is gone no other block streams, but a
+// block that overlaps nothing held is still pushed after it (fits() sees the
 // streamed block's whole range as held): measured on yolov3 at 83 MB with an emulated 400 MB/s
 // disk, the disk idled 70 ms per inference while block 1 waited for block 0's last layers, with
 // the zone free enough for block 2 from layer 19 on. The executor's reads carry their block's
 // place in the read order, so the streamed block's later pieces go before that block's rest
 // (Note [Earliest block first] in swapcore/src/reader.cpp): the disk works on bytes it would
-// read anyway, and the bytes needed first land first. used() and the accounting count the union of the bytes held, never a
-// byte twice, so the ring's capacity stays the promise.
+// read anyway, and the bytes needed first land first. used() and the accounting count the
+// union of the bytes held, never a byte twice, so the ring's capacity stays the promise.
 //
 // Note [Giving a block back layer by layer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -547,7 +547,7 @@ struct Executor::Impl {
   static constexpr std::uint64_t kPiece = kStreamPieceBytes;  // as the planner's simulation
   static_assert(kPiece % kImageAlign == 0);
   std::deque<Fetch> fetches;
-  std::uint64_t fetch_order = 0;  // Fetch::order of the newest fetch
+  std::uint64_t fetch_order = 0;  // Fetch::order of the newest fetch (fetches pushed so far)
   int rd_block = 0;      // the cursor: next block to consider
   int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
   bool rd_next = false;  // the cursor is in the next inference
@@ -591,8 +591,7 @@ struct Executor::Impl {
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
   std::uint64_t read_past_streamed = 0;  // blocks pushed while a streamed one waited
-  std::uint64_t read_at_layer_end = 0;   // blocks pushed by the pump after a layer (lending)
-  bool at_layer_end = false;             // that pump is running
+  std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
   std::atomic<bool> yield{false};
 
   // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
@@ -938,7 +937,6 @@ struct Executor::Impl {
           f.stream = true;
           ++streamed;
           fetch_order = f.order;
-          if (at_layer_end && f.bytes > 0) ++read_at_layer_end;
           fetches.push_back(std::move(f));
           streaming = !stream_pieces(fetches.back());
           note_in_use();
@@ -963,7 +961,6 @@ struct Executor::Impl {
         f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
       }
       fetch_order = f.order;
-      if (at_layer_end && f.bytes > 0) ++read_at_layer_end;
       fetches.push_back(f);
       note_in_use();
       advance();
@@ -1767,14 +1764,9 @@ bool Executor::step(int stop_before) {
       // reserve]).
       const bool lending = m.lends() && !m.cuda && m.run->next_layer() <= last;
       if (n_back > 0 || lending) {
-        m.at_layer_end = lending;
-        try {
-          m.pump();
-        } catch (...) {
-          m.at_layer_end = false;
-          throw;
-        }
-        m.at_layer_end = false;
+        const std::uint64_t pushed = m.fetch_order;
+        m.pump();
+        if (lending) m.read_at_layer_end += m.fetch_order - pushed;
       }
     }
     if (pieces) {
