@@ -425,6 +425,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   j["input_shapes"] = shapes;
   j["iters"] = iters;
   j["threads"] = at::get_num_threads();
+  // Set by the `swapnet` command unless the user did (Note [OpenBLAS's idle spin] in launcher.cpp).
+  const char* blas_timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  j["openblas_thread_timeout"] = blas_timeout ? json(blas_timeout) : json(nullptr);
   j["latency_ms"] = {{"median", percentile(lat, 0.5)}, {"p90", percentile(lat, 0.9)}, {"all", lat}};
   // Blocks lent the activation reserve's bytes are counted with the activations they were lent by
   // (the arena's peak counts the ring's own bytes).

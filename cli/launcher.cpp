@@ -5,7 +5,25 @@
 //
 // The full tool is looked for beside this executable (a build tree), then at
 // SWAPNET_CLI_FROM_BINDIR relative to it (an install: ../libexec/swapnet/swapnet-cli).
+//
+// Note [OpenBLAS's idle spin]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Debian's libtorch runs GEMMs (fully connected layers, some convolutions) on openblas-pthread,
+// whose worker threads, after each GEMM, poll for the next one calling sched_yield() for 2^28
+// cycles (~0.1 s) before they sleep. Beside libtorch's OpenMP threads that is one thread more
+// than cores, and the poll is not free: measured with perf on vgg19 at 429 MiB (emulated
+// 400 MB/s disk), inferences whose first layers ran while the worker still polled after the
+// last inference's fully connected layers spent 57-80 ms of system time in sched_yield during
+// layers 0-4, which took 94-130 ms instead of 46-48 (the inference 640-690 ms instead of
+// 570-600, in about a third of the inferences). With OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles:
+// the worker sleeps at once and is woken for the next GEMM) no inference of 16 was slow, and
+// direct inference of resnet101 lost its 160-210 ms outliers (max 88-98 ms against 179-213,
+// medians alike). OpenBLAS reads the variable once, when it is loaded, so the command sets it
+// here, before libtorch is: only where the user set neither it nor GOTO_THREAD_TIMEOUT. A
+// library cannot do this for the program it is loaded into (docs/executor.md says how).
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <cerrno>
 #include <cstdio>
@@ -79,6 +97,9 @@ int ctl(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return ctl(argc, argv);
   const std::string dir = self_dir();
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr && std::getenv("GOTO_THREAD_TIMEOUT") == nullptr) {
+    ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);  // Note [OpenBLAS's idle spin]
+  }
   const std::vector<std::string> candidates = {dir + "/swapnet-cli", dir + "/" + SWAPNET_CLI_FROM_BINDIR};
   for (const auto& c : candidates) {
     if (::access(c.c_str(), X_OK) == 0) {
