@@ -16,17 +16,17 @@
 // last inference's fully connected layers spent 57-80 ms of system time in sched_yield during
 // layers 0-4, which took 94-130 ms instead of 46-48 (the inference 640-690 ms instead of
 // 570-600, in about a third of the inferences). With OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles:
-// the worker sleeps at once and is woken for the next GEMM) no inference of 16 was slow, and
-// direct inference of resnet101 lost its 160-210 ms outliers (max 88-98 ms against 179-213,
-// medians alike). OpenBLAS reads the variable once, when it is loaded, so the command sets it
-// here, before libtorch is: only where the user set neither it nor GOTO_THREAD_TIMEOUT. A
-// library cannot do this for the program it is loaded into (docs/executor.md says how).
+// the worker sleeps at once and is woken for the next GEMM) 0 of 24 inferences were slow
+// against 6 of 24 (3 interleaved rounds), and direct inference of resnet101 lost its 160-210 ms
+// outliers (max 88-98 ms against 179-213, medians alike). OpenBLAS reads the variable once,
+// when it is loaded, so the command sets it here, before libtorch is: only where the user set
+// neither it nor GOTO_THREAD_TIMEOUT. A library cannot do this for the program it is loaded into
+// (docs/executor.md says how).
 #include <unistd.h>
-
-#include <cstdlib>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>

@@ -12,9 +12,10 @@ as scripts/gpu-check.sh sets: it runs, bit-identical to direct GPU inference, wi
 import json
 import os
 import re
+import subprocess
 import sys
 
-from cli_test_util import prepare, run
+from cli_test_util import prepare, run, test_env
 
 
 def main() -> int:
@@ -42,7 +43,21 @@ def main() -> int:
         expect(j["peak_model_bytes"] <= budget, f"peak {j['peak_model_bytes']} > budget {budget}")
         expect(j["page_cache_growth_bytes"] < (1 << 20), f"page cache grew {j['page_cache_growth_bytes']}")
         expect(j["num_blocks"] >= 2 or budget >= info["data_bytes"], "expected swapping at a third")
+        # The command shortens OpenBLAS's idle poll unless the user set it (Note [OpenBLAS's idle
+        # spin] in cli/launcher.cpp).
+        user = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+        if user is not None or "GOTO_THREAD_TIMEOUT" not in os.environ:
+            want = user if user is not None else "4"
+            expect(j.get("openblas_thread_timeout") == want,
+                   f"openblas_thread_timeout {j.get('openblas_thread_timeout')!r}, expected {want!r}")
     if name == "resnet18":
+        # A user's own OPENBLAS_THREAD_TIMEOUT is left as it is.
+        env = test_env(cli)
+        env["OPENBLAS_THREAD_TIMEOUT"] = "28"
+        p = subprocess.run([cli, "run", img, "--mode", "direct", "--iters", "1", "--json"], capture_output=True,
+                           text=True, env=env)
+        expect(p.returncode == 0 and json.loads(p.stdout).get("openblas_thread_timeout") == "28",
+               f"the user's OPENBLAS_THREAD_TIMEOUT=28: exit {p.returncode}, {p.stdout[:200]!r} {p.stderr[-300:]!r}")
         # The benchmark path: every mode in its own process, the ratios and the two bounds.
         rc, out, err = run(cli, "run", img, "--budget", str(budget), "--compare", "--rounds", "1", "--iters", "1",
                            "--check", "--json")
