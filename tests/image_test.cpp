@@ -703,12 +703,10 @@ TEST_P(Reader, ASharedDiskServesTheMostUrgentReaderFirst) {
   b->set_priority(1);
   EXPECT_EQ(b->priority(), 1);
   constexpr int kReads = 6;
-  std::vector<std::unique_ptr<Buf>> bufs;
+  std::vector<std::unique_ptr<Buf>> bufs;  // all before any read: none is allocated between a's submits
+  for (int k = 0; k < 2 * kReads; ++k) bufs.push_back(std::make_unique<Buf>(info_.data_size));
   std::vector<BlockReader::Ticket> ta, tb;
-  for (int k = 0; k < kReads; ++k) {
-    bufs.push_back(std::make_unique<Buf>(info_.data_size));
-    tb.push_back(b->submit(info_.data_offset, info_.data_size, bufs.back()->p));
-  }
+  for (int k = 0; k < kReads; ++k) tb.push_back(b->submit(info_.data_offset, info_.data_size, bufs[k]->p));
   for (int spin = 0; spin < 5000; ++spin) {  // b alone reads first
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -716,10 +714,14 @@ TEST_P(Reader, ASharedDiskServesTheMostUrgentReaderFirst) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  // a queues all its reads behind b (a less urgent priority) and only then becomes the most
+  // urgent: otherwise a descheduled submitting thread could let a run out of pieces between two
+  // submits, go idle, and let b read inside the window counted below.
+  a->set_priority(2);
   for (int k = 0; k < kReads; ++k) {
-    bufs.push_back(std::make_unique<Buf>(info_.data_size));
-    ta.push_back(a->submit(info_.data_offset, info_.data_size, bufs.back()->p, checks()));
+    ta.push_back(a->submit(info_.data_offset, info_.data_size, bufs[kReads + k]->p, checks()));
   }
+  a->set_priority(0);
   for (auto t : ta) {
     Status s = a->wait(t);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -731,11 +733,12 @@ TEST_P(Reader, ASharedDiskServesTheMostUrgentReaderFirst) {
   std::lock_guard<std::mutex> lock(mu);
   // Landing order, as the reader threads reap completions. A reader issues only after reaping,
   // and holds at most `slots` requests, so until a has landed all but `slots` of its requests it
-  // still had a piece to issue, asked for a slot, and held b back: the b's landing in that window
-  // are those b had in flight when a first asked (up to `slots`; 2 x slots allowed for a's ask
-  // racing b's refill). Counting to a's last landing instead measured how late a's thread reaped
-  // on a loaded machine (31 seen under TSan in a CI run, with a's last pieces landed but not
-  // reaped while b, rightly, read on). Without the priority b lands ~150 times in the window.
+  // still had a piece to issue and held b back (the disk grants under one mutex: once a asks as
+  // the most urgent, b is granted nothing until a goes idle). The b's landing in that window are
+  // those b had outstanding then: up to `slots` (1 with the pread backends), plus the rare retry
+  // of an interrupted or short read, which lands twice; 2 x slots is margin for those. Counting
+  // to a's last landing instead measured how late a's thread reaped on a loaded machine (31 seen
+  // under TSan in a CI run). Without the priority b lands ~130-140 times in the window.
   std::vector<std::size_t> at_a;
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (order[i] == 'a') at_a.push_back(i);
