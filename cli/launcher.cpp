@@ -97,9 +97,8 @@ int ctl(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return ctl(argc, argv);
   const std::string dir = self_dir();
-  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr && std::getenv("GOTO_THREAD_TIMEOUT") == nullptr) {
-    ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);  // Note [OpenBLAS's idle spin]
-  }
+  // Note [OpenBLAS's idle spin]; overwrite 0: a value the user set stays.
+  if (std::getenv("GOTO_THREAD_TIMEOUT") == nullptr) ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
   const std::vector<std::string> candidates = {dir + "/swapnet-cli", dir + "/" + SWAPNET_CLI_FROM_BINDIR};
   for (const auto& c : candidates) {
     if (::access(c.c_str(), X_OK) == 0) {

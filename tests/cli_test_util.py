@@ -13,9 +13,10 @@ def test_env(cli):
     return env
 
 
-def run(*args):
-    """Runs a command; returns (exit status, stdout, stderr)."""
-    p = subprocess.run(list(args), capture_output=True, text=True, env=test_env(args[0]))
+def run(*args, env=None):
+    """Runs a command (with `env`'s variables added to the test environment); returns (exit
+    status, stdout, stderr)."""
+    p = subprocess.run(list(args), capture_output=True, text=True, env={**test_env(args[0]), **(env or {})})
     return p.returncode, p.stdout, p.stderr
 
 

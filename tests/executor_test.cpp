@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>

@@ -12,10 +12,9 @@ as scripts/gpu-check.sh sets: it runs, bit-identical to direct GPU inference, wi
 import json
 import os
 import re
-import subprocess
 import sys
 
-from cli_test_util import prepare, run, test_env
+from cli_test_util import prepare, run
 
 
 def main() -> int:
@@ -52,12 +51,10 @@ def main() -> int:
                    f"openblas_thread_timeout {j.get('openblas_thread_timeout')!r}, expected {want!r}")
     if name == "resnet18":
         # A user's own OPENBLAS_THREAD_TIMEOUT is left as it is.
-        env = test_env(cli)
-        env["OPENBLAS_THREAD_TIMEOUT"] = "28"
-        p = subprocess.run([cli, "run", img, "--mode", "direct", "--iters", "1", "--json"], capture_output=True,
-                           text=True, env=env)
-        expect(p.returncode == 0 and json.loads(p.stdout).get("openblas_thread_timeout") == "28",
-               f"the user's OPENBLAS_THREAD_TIMEOUT=28: exit {p.returncode}, {p.stdout[:200]!r} {p.stderr[-300:]!r}")
+        rc, out, err = run(cli, "run", img, "--mode", "direct", "--iters", "1", "--json",
+                           env={"OPENBLAS_THREAD_TIMEOUT": "28"})
+        expect(rc == 0 and json.loads(out).get("openblas_thread_timeout") == "28",
+               f"the user's OPENBLAS_THREAD_TIMEOUT=28: exit {rc}, {out[:200]!r} {err[-300:]!r}")
         # The benchmark path: every mode in its own process, the ratios and the two bounds.
         rc, out, err = run(cli, "run", img, "--budget", str(budget), "--compare", "--rounds", "1", "--iters", "1",
                            "--check", "--json")
