@@ -337,7 +337,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     arena_peak = memory_stats().peak;
   };
   std::uint64_t naive_read = 0;
+  if (!o.trace.empty() && o.mode != "swapnet") throw Error("--trace records swapnet's pipeline: mode swapnet only");
   if (o.mode == "swapnet") {
+    if (!o.trace.empty()) trace_start();  // before open: the executor takes a group in the trace
     auto ex = Executor::open(path, eo);
     const ExecutionPlan& p = ex->plan();
     pinned = p.pinned_bytes;
@@ -359,7 +361,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
             [&] {
               ps0 = ex->pipeline_stats();
               disk0 = ex->bytes_read();
+              if (!o.trace.empty()) trace_start();  // the timed inferences only
             });
+    if (!o.trace.empty()) trace_write(o.trace).throw_if_error();
     const Executor::PipelineStats ps1 = ex->pipeline_stats();
     // How long the disk had a read of ours during the timed inferences: near all of their time
     // means the disk never idled (the pipeline is at the I/O bound whatever the raw rate read
@@ -573,6 +577,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (!o.resident.empty()) args.insert(args.end(), {"--resident", o.resident});
       if (!o.profile.empty()) args.insert(args.end(), {"--profile", o.profile});
       if (o.check && mode != "direct") args.push_back("--check");
+      if (!o.trace.empty() && mode == "swapnet" && r + 1 == std::max(1, o.rounds)) args.insert(args.end(), {"--trace", o.trace});
       args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan, "--device", o.device, "--read-ahead", o.read_ahead});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});
       results[mode].push_back(run_child(self, args));

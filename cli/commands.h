@@ -84,6 +84,9 @@ struct RunOptions {
   // --background-read MB/s (mode direct): O_DIRECT reads of the image at this pace in a thread
   // while the timed inferences run; --compare uses it for `direct_under_io`.
   double background_mb_s = 0;
+  // --trace FILE (mode swapnet): the timed inferences' timeline as a Chrome trace (Note [Tracing]
+  // in swapcore/src/trace.cpp); with --compare, the last round's swapnet run writes it.
+  std::string trace;
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
 // What-if device for plan's memory bound: the disk's rate and the whole model's compute time

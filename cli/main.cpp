@@ -113,6 +113,10 @@ int main(int argc, char** argv) {
   run->add_option("--background-read", ro.background_mb_s,
                   "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
                   "swapnet's reads cost the compute on this machine)");
+  run->add_option("--trace", ro.trace,
+                  "mode swapnet: write the timed inferences' timeline (layers, waits, reads, the disk's busy time, "
+                  "why reads were held) as a Chrome trace JSON for ui.perfetto.dev or bench/trace_summary.py; with "
+                  "--compare, of the last round");
   run->add_option("--read-ahead", ro.read_ahead,
                   "ring (default: as many blocks ahead as the budget holds, into the next inference; a block "
                   "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -19,6 +20,8 @@
 #include <thread>
 #include <vector>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "swapnet/assembly.h"
 #include "packed.h"
@@ -433,6 +436,69 @@ TEST(Executor, BlocksAreReadPastAStreamedBlockThatWaits) {
     ASSERT_NO_FATAL_FAILURE(change_budgets_mid_inference(
         *ex, x, expected, 3, [&](int trial) { return trial % 2 ? info.data_size / 3 : info.data_size / 4; }, ra));
   }
+}
+
+// Note [Tracing]: with a trace on, an inference shows every layer run once (in its block), the
+// block reader's requests whose bytes add up to what it read, the disk's busy periods, the read
+// cursor's events, and one span per inference; outputs stay bit-identical and within the budget
+// (recording allocates nothing on the metered thread).
+TEST(Executor, ATraceShowsEveryLayerAndEveryByteRead) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const ImageInfo& info = pk.info;
+  torch::manual_seed(11);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  ExecutorOptions o;
+  o.budget = info.data_size / 3;
+  trace_start();
+  auto ex = Executor::open(pk.img, o);
+  ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, "warm-up"));
+  const std::uint64_t read0 = ex->bytes_read();
+  trace_start();  // the two inferences below only
+  constexpr int kRuns = 2;
+  for (int i = 0; i < kRuns; ++i) ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, "traced " + std::to_string(i)));
+  ex->set_budget(o.budget);  // an instant on the control lane
+  const std::string path = ::testing::TempDir() + "swapnet_executor_trace.json";
+  ASSERT_TRUE(trace_write(path).ok());
+  // Reads still in flight when the trace stopped are in bytes_read but not traced.
+  const std::uint64_t read1 = ex->bytes_read();
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["otherData"]["dropped_events"], 0);
+  const int L = static_cast<int>(info.layers.size());
+  std::vector<int> runs(L, 0);
+  std::uint64_t read_bytes = 0;
+  int inferences = 0, busy = 0, cursor = 0, budgets = 0;
+  double busy_us = 0;
+  for (const auto& e : j["traceEvents"]) {
+    const std::string ph = e["ph"], name = e.value("name", "");
+    if (ph == "X" && name.rfind("layer ", 0) == 0) {
+      const int k = std::stoi(name.substr(6));
+      ASSERT_TRUE(k >= 0 && k < L) << name;
+      ++runs[k];
+      const auto [first, last] = ex->plan().blocks[e["args"]["block"].get<int>()];
+      EXPECT_TRUE(first <= k && k <= last) << name << " in block " << e["args"]["block"];
+    }
+    if (ph == "b" && name.rfind("read ", 0) == 0) read_bytes += e["args"]["bytes"].get<std::uint64_t>();
+    if (ph == "X" && name == "inference " + std::to_string(inferences + 1)) ++inferences;  // the warm-up was 0
+    if (ph == "X" && name == "busy") {
+      ++busy;
+      busy_us += e["dur"].get<double>();
+    }
+    if (ph == "i" && (name.rfind("read block", 0) == 0 || name.rfind("stream block", 0) == 0 || name.rfind("held:", 0) == 0)) ++cursor;
+    if (ph == "i" && name == "budget") ++budgets;
+  }
+  EXPECT_EQ(runs, std::vector<int>(L, kRuns)) << "every layer once per inference";
+  EXPECT_EQ(inferences, kRuns);
+  EXPECT_GT(busy, 0);
+  EXPECT_GT(busy_us, 0.0);
+  EXPECT_GT(cursor, 0);
+  EXPECT_EQ(budgets, 1);
+  EXPECT_GT(read_bytes, 0u);
+  EXPECT_LE(read_bytes, read1 - read0);
+  EXPECT_GE(read_bytes + 64 * (std::uint64_t{1} << 20), read1 - read0) << "only reads in flight at the end are missing";
+  std::remove(path.c_str());
 }
 
 // The ring's minimum is the largest layer (+ activations + pinned), below the two-block

@@ -73,6 +73,19 @@ def main() -> int:
             for mode in ("direct", "naive"):
                 if "page_cache_growth_bytes" in j[mode]:
                     expect(j[mode]["page_cache_growth_bytes"] < (1 << 20), f"{mode} left page cache behind")
+        # --trace writes the timed inferences' timeline; bench/trace_summary.py reads it.
+        trace = os.path.join(work, "trace.json")
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--iters", "2", "--trace", trace, "--json")
+        expect(rc == 0 and os.path.getsize(trace) > 0, f"run --trace exit {rc}: {err[-300:]}")
+        summary = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "trace_summary.py")
+        rc, out, err = run(sys.executable, summary, trace, "--json")
+        expect(rc == 0, f"trace_summary.py exit {rc}: {err[-300:]}")
+        if rc == 0:
+            s = json.loads(out)[0]
+            expect(len(s["inferences"]) == 2 and s["mean"]["compute_ms"] > 0 and s["mean"]["disk_busy_ms"] > 0,
+                   f"trace summary: {s['mean']}, {len(s['inferences'])} inferences")
+        rc, out, err = run(cli, "run", img, "--mode", "direct", "--iters", "1", "--trace", trace)
+        expect(rc == 2 and "mode swapnet only" in err, f"--trace with direct: exit {rc}, {err!r}")
     # naive holds a block twice (its read buffer and its copy): its minimum is twice the largest
     # layer + activations, above the ring's (the largest layer); below it, it is refused with its
     # own minimum, and at it, its buffer + copies + activations stay within the budget.

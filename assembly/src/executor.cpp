@@ -548,6 +548,27 @@ struct Executor::Impl {
   static_assert(kPiece % kImageAlign == 0);
   std::deque<Fetch> fetches;
   std::uint64_t fetch_order = 0;  // Fetch::order of the newest fetch (fetches pushed so far)
+  // Note [Tracing] (swapcore's trace.cpp): this executor's group in a trace, why the cursor last
+  // stopped (traced when it changes), and when the inference in progress began.
+  std::uint32_t tgroup = 0;
+  static constexpr std::chrono::microseconds kTraceWaitMin{10};  // shorter waits are not traced
+  const char* held_why = nullptr;
+  int held_block = -1;
+  TraceClock::time_point inference_t0;
+  std::int64_t inferences = 0;
+  // The cursor stopped at block b for `why` (a literal): traced once per change of either.
+  void held(const char* why, int b) {
+    if (!tracing() || (why == held_why && b == held_block)) return;
+    held_why = why;
+    held_block = b;
+    trace_instant(tgroup, TraceLane::kCursor, why, b);
+  }
+  // The weights held now and the blocks lent the activation zone, as trace counters.
+  void trace_memory() {
+    if (!tracing()) return;
+    trace_counter(tgroup, "weights held", static_cast<std::int64_t>((ring ? ring->used() : 0) + kept_bytes + pinned_need));
+    if (ring && ring->lend() > 0) trace_counter(tgroup, "blocks in the zone", static_cast<std::int64_t>(ring->lent_bytes()));
+  }
   int rd_block = 0;      // the cursor: next block to consider
   int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
   bool rd_next = false;  // the cursor is in the next inference
@@ -647,6 +668,7 @@ struct Executor::Impl {
     if (!ring && !kept) return;
     weight_peak = std::max(weight_peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
     if (ring) lent_peak = std::max(lent_peak, ring->lent_bytes());
+    trace_memory();
   }
 
   // Note [Lending the activation reserve]
@@ -787,6 +809,7 @@ struct Executor::Impl {
       zone_misses_seen = u.misses;
       reached = ring->lend();
     }
+    if (tracing()) trace_counter(tgroup, "activations reached", static_cast<std::int64_t>(reached));
     if (k >= 0 && k < static_cast<int>(lease.size())) {
       // Until known, `lease` holds this inference's measurement (started at 0 in begin()).
       lease[k] = std::max(lease[k], reached);
@@ -888,10 +911,10 @@ struct Executor::Impl {
     for (Fetch& f : fetches) {
       if (f.streamed() && !stream_pieces(f)) streaming = true;
     }
-    if (streaming && !opt.read_past_streamed) return;
+    if (streaming && !opt.read_past_streamed) return held("held: a block streams", rd_block);
     const int n = static_cast<int>(plan.blocks.size());
     for (int guard = 0; guard < 2 * n + 2; ++guard) {
-      if (rd_next && (!cross_inference || rd_block >= cur)) return;
+      if (rd_next && (!cross_inference || rd_block >= cur)) return held("held: an inference ahead", rd_block);
       const int b = rd_block;
       const auto [bf, bl] = plan.blocks[b];
       const int first = rd_first >= 0 ? rd_first : bf;
@@ -928,14 +951,26 @@ struct Executor::Impl {
         if (at == nullptr) {
           // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
           // their bytes. Not with checksums to verify (they need the layer whole in one read).
-          if (!opt.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) return;
+          if (!opt.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) {
+            return held(!keeps && ring->lend() > 0 && ring->fits(f.bytes, ring->capacity() + ring->lend())
+                            ? "held: activations' zone"
+                            : "held: no room",
+                        b);
+          }
           at = static_cast<char*>(keeps ? ring->push_first_streamed(f.bytes - kept)
                                         : ring->push_streamed(f.bytes, ring_limit(f)));
-          if (at == nullptr) return;
+          if (at == nullptr) {
+            return held(ring->streaming()                                             ? "held: a block streams"
+                        : !keeps && ring->lend() > 0 && ring->fits(f.bytes, ring->capacity() + ring->lend())
+                            ? "held: activations' zone"
+                            : "held: no room to stream",
+                        b);
+          }
           f.at = at - kept;
           f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
           f.stream = true;
           ++streamed;
+          trace_submitted(f);
           fetch_order = f.order;
           fetches.push_back(std::move(f));
           streaming = !stream_pieces(fetches.back());
@@ -960,11 +995,19 @@ struct Executor::Impl {
       } else {
         f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
       }
+      trace_submitted(f);
       fetch_order = f.order;
       fetches.push_back(f);
       note_in_use();
       advance();
     }
+  }
+  // A fetch was queued: traced as "read block b" (its reads are named by f.order).
+  void trace_submitted(const Fetch& f) {
+    if (!tracing()) return;
+    held_why = nullptr;
+    trace_instant(tgroup, TraceLane::kCursor, f.streamed() ? "stream block" : "read block", f.block, "order",
+                  static_cast<std::int64_t>(f.order));
   }
   // Submits the pieces of a streamed fetch whose ring bytes no older block holds now; whether
   // every piece is submitted.
@@ -1068,7 +1111,9 @@ struct Executor::Impl {
   Status timed_wait(const Fetch& f) {
     const auto t0 = std::chrono::steady_clock::now();
     Status st = wait_reads(f);
-    read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+    if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
     return st;
   }
   // Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; cur_waited counts
@@ -1083,7 +1128,9 @@ struct Executor::Impl {
       Status s = reader->wait(f.pieces[cur_waited]);
       if (st.ok() && !s.ok()) st = s;
     }
-    read_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+    if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
     return st;
   }
   // Cancels and waits for the pieces of `f` not waited for yet (f.pieces[cur_waited..]).
@@ -1240,7 +1287,12 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   for (const auto& pr : m.profiles) m.info.activation_bytes = std::max(m.info.activation_bytes, pr.activation_bytes);
   m.weights_min = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt)) - m.info.activation_bytes;
   ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
-  BlockReader::open(image, options.reader, &m.reader).throw_if_error();
+  ReaderOptions ro = options.reader;
+  if (tracing()) {  // Note [Tracing]: a group of its own, shared with its reader
+    m.tgroup = trace_group(image.substr(image.find_last_of('/') + 1));
+    ro.trace_group = m.tgroup;
+  }
+  BlockReader::open(image, ro, &m.reader).throw_if_error();
   if (m.cuda) {
     // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
     // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
@@ -1426,6 +1478,7 @@ void Executor::set_budget(std::uint64_t bytes) {
 }
 
 void set_budget_locked(Executor::Impl& m, std::uint64_t bytes) {
+  trace_instant(m.tgroup, TraceLane::kControl, "budget", -1, "bytes", static_cast<std::int64_t>(bytes));
   const auto t_plan = std::chrono::steady_clock::now();
   if (m.measuring) {
     // Measuring a new input's activations (Note [Dynamic shapes]): weights stay at their least
@@ -1669,6 +1722,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.cur = 0;
   m.bound = false;
   m.cur_from_fetch = false;
+  m.inference_t0 = TraceClock::now();
   if (m.ring && m.ring->lend() > 0 && !m.measuring) {
     // Note [Lending the activation reserve]: this thread's account (a Runtime model's), else the
     // executor's own, places the inference's activations in the ring's zone.
@@ -1735,6 +1789,7 @@ bool Executor::step(int stop_before) {
       m.running_layer = m.run->next_layer();
       m.sync_zone(m.running_layer);  // its activations go where they went before
       lk.unlock();  // shed() may give back what this layer does not read, meanwhile
+      const auto layer_t0 = tracing() ? TraceClock::now() : TraceClock::time_point{};
       try {
         m.sk.run_layer(*m.run);
       } catch (...) {
@@ -1742,6 +1797,7 @@ bool Executor::step(int stop_before) {
         m.running_layer = -1;
         throw;
       }
+      if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, TraceClock::now(), "block", b);
       lk.lock();
       m.note_reach();
       m.measure_lease(m.running_layer);
@@ -1783,6 +1839,7 @@ bool Executor::step(int stop_before) {
         m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
       } else {
         m.ring->pop();
+        m.trace_memory();
       }
     } else if (m.cur_from_fetch && m.cur_fetch.resident && m.kept_state[b] != Impl::Kept::kLoaded) {
       m.sk.unbind_layers(m.cur_fetch.first, last);  // a trimmed resident block: read whole next time
@@ -1850,6 +1907,7 @@ c10::IValue Executor::finish() {
     throw;
   }
   m.run.reset();
+  trace_span(m.tgroup, TraceLane::kInference, "inference", m.inferences++, m.inference_t0, TraceClock::now());
   // Note [Lending the activation reserve]: one whole inference in this zone measured every
   // layer's reach.
   if (m.lends() && m.lease_whole) m.lease_known = true;

@@ -290,6 +290,7 @@ struct BlockReader::Impl {
     bool busy = false;
     std::uint64_t first_offset = 0;  // the piece as handed out, before short-read advances
     std::size_t first_length = 0;
+    TraceClock::time_point issued;  // while tracing (Note [Tracing] in trace.cpp)
   };
 
   std::string path;
@@ -336,12 +337,22 @@ struct BlockReader::Impl {
     std::this_thread::sleep_until(done);
     lock.lock();
   }
+  // A request landed (or failed): its span from issue, named by its read's order.
+  void trace_landed(const Request& r) const {
+    if (!tracing()) return;
+    trace_span(opt.trace_group, TraceLane::kReads, "read", static_cast<std::int64_t>(r.job->order), r.issued,
+               TraceClock::now(), "bytes", static_cast<std::int64_t>(r.first_length));
+  }
   // After `in_flight` changed (under `mu`): a busy period begins or ends.
   void busy_to(unsigned in_flight) {
     if ((in_flight > 0) == busy) return;
     const auto now = std::chrono::steady_clock::now();
-    if (busy) busy_total += std::chrono::duration<double>(now - busy_since).count();
-    else busy_since = now;
+    if (busy) {
+      busy_total += std::chrono::duration<double>(now - busy_since).count();
+      trace_span(opt.trace_group, TraceLane::kDisk, "busy", -1, busy_since, now);
+    } else {
+      busy_since = now;
+    }
     busy = !busy;
   }
 
@@ -552,7 +563,8 @@ struct BlockReader::Impl {
     }
     if (j == nullptr) return false;
     std::size_t n = std::min(opt.request_bytes, j->length - j->submitted);
-    r = Request{j, j->offset + j->submitted, n, j->buffer + j->submitted, 0, true, j->offset + j->submitted, n};
+    r = Request{j, j->offset + j->submitted, n, j->buffer + j->submitted, 0, true, j->offset + j->submitted, n, {}};
+    if (tracing()) r.issued = TraceClock::now();
     j->submitted += n;
     j->in_flight++;
     return true;
@@ -650,6 +662,7 @@ struct BlockReader::Impl {
         Request& r = requests[idx];
         emulate_read(lock, *r.job, cqe->res);
         if (complete(r, cqe->res)) {
+          trace_landed(r);
           r.job->in_flight--;
           r.busy = false;
           --in_flight;
@@ -695,7 +708,10 @@ struct BlockReader::Impl {
         lock.lock();
         emulate_read(lock, *r.job, res);
         done = complete(r, res);
-        if (done) busy_to(0);  // before a waiter can see the read done
+        if (done) {
+          trace_landed(r);
+          busy_to(0);  // before a waiter can see the read done
+        }
         lock.unlock();
       }
       lock.lock();

@@ -87,6 +87,42 @@ class SWAPNET_API Status {
 // "EIO", "EINVAL", ... for an errno value (strerror gives the sentence, this the symbol).
 SWAPNET_API std::string errno_name(int err);
 
+// ---- tracing ------------------------------------------------------------------------------
+//
+// A timeline of what the library does, to see where an inference's time goes (Note [Tracing]
+// in swapcore/src/trace.cpp): each layer run, each wait for reads, each read request from the
+// moment it is issued to the moment it lands, the disk's busy periods, why reads were held
+// back, the bytes held, budget changes. Written as a Chrome trace (JSON), which
+// ui.perfetto.dev and chrome://tracing open. Off unless started; then each event costs a
+// mutex and a copy into a buffer allocated at start (no allocation while tracing, so the CPU
+// meter's accounting of activations is unchanged). Events past the buffer are dropped and
+// counted in the file. `swapnet run --trace FILE` and `swapnet serve --trace FILE` write one.
+
+// Where an event is drawn: lanes are tracks of one group (an executor: its layers, waits,
+// reads and memory), groups are processes in the viewer.
+enum class TraceLane : std::uint8_t { kInference, kCompute, kWait, kCursor, kDisk, kReads, kControl };
+using TraceClock = std::chrono::steady_clock;
+
+// Starts recording (clearing what was recorded), with room for `max_events` events.
+SWAPNET_API void trace_start(std::size_t max_events = std::size_t{1} << 20);
+SWAPNET_API bool tracing() noexcept;
+// Stops recording and writes the events to `path`; the error names the file and errno.
+SWAPNET_API Status trace_write(const std::string& path);
+// A group for an executor or a model ("resnet101.swapnet"), shown as a process; group 0 is the
+// application's own. Names may be registered before or while tracing.
+SWAPNET_API std::uint32_t trace_group(const std::string& name);
+// A span from `begin` to `end`: `name` (a string literal, kept by pointer) followed by `num`
+// unless it is negative ("layer" 12 -> "layer 12"), with one optional integer argument.
+// Spans on kReads may overlap (they are drawn as async slices); on other lanes they nest.
+SWAPNET_API void trace_span(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num,
+                            TraceClock::time_point begin, TraceClock::time_point end, const char* arg = nullptr,
+                            std::int64_t value = 0) noexcept;
+// An instant (a budget change, a read held back) on `lane`.
+SWAPNET_API void trace_instant(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num,
+                               const char* arg = nullptr, std::int64_t value = 0) noexcept;
+// A value over time (bytes held in the ring, by activations), drawn as a counter track.
+SWAPNET_API void trace_counter(std::uint32_t group, const char* name, std::int64_t value) noexcept;
+
 // ---- swap image ---------------------------------------------------------------------------
 //
 // One file per model (see Note [Swap image format] in swapcore/src/image.cpp):
@@ -237,6 +273,9 @@ struct ReaderOptions {
   // Shared with the other readers of the same disk, which then take turns by priority
   // (SharedDisk); null: this reader keeps up to queue_depth requests in flight on its own.
   std::shared_ptr<SharedDisk> disk;
+  // The trace group its requests and busy periods are drawn in (trace_group; 0: the
+  // application's). Only while tracing.
+  std::uint32_t trace_group = 0;
 };
 // The rate $SWAPNET_EMULATE_READ asks readers to emulate (ReaderOptions::emulate_bytes_per_s), in
 // bytes per second; 0 when unset.
