@@ -179,11 +179,17 @@ bool is_image(const std::string& path) {
   return f.read(magic, 8) && std::memcmp(magic, "SWAPNET\0", 8) == 0;
 }
 
+SkeletonOptions skeleton_options(const Common& c) {
+  SkeletonOptions o;
+  if (!c.split_above.empty()) o.split_above = parse_size(c.split_above);
+  return o;
+}
+
 int inspect(const std::string& path, const Common& c, int iters) {
   apply_common(c);
   if (is_image(path)) return inspect_image(path, c);
   auto t0 = Clock::now();
-  Skeleton sk = Skeleton::load(path);
+  Skeleton sk = Skeleton::load(path, nullptr, skeleton_options(c));
   double build_ms = ms_since(t0);
   auto inputs = make_inputs(c);
   t0 = Clock::now();
@@ -208,6 +214,9 @@ int inspect(const std::string& path, const Common& c, int iters) {
   j["parameters"] = sk.num_parameters();
   j["buffers"] = sk.num_buffers();
   j["shared_slots"] = shared;
+  j["split_layers"] = sk.split_layers();  // computed in parts (Note [Splitting large layers])
+  j["split_parts"] = sk.split_parts();
+  j["split_tensors"] = sk.split_tensors();
   j["build_ms"] = build_ms;
   j["profile_ms"] = profile_ms;
   char head[512];
@@ -222,7 +231,7 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
   apply_common(c);
   torch::jit::Module module;
   auto t0 = Clock::now();
-  Skeleton sk = Skeleton::load(path, &module);
+  Skeleton sk = Skeleton::load(path, &module, skeleton_options(c));
   double build_ms = ms_since(t0);
   // With an image: the skeleton comes from the image and its weights from the image's bytes
   // (read once, whole, with the block reader), so the whole pack -> fetch -> bind path is checked.
@@ -337,8 +346,8 @@ int pack(const std::string& model, const std::string& out, const Common& c, cons
                   "(a file path with a space: link or rename the file)");
     }
   }
-  Skeleton sk = Skeleton::load(model);
   auto inputs = make_inputs(c);
+  Skeleton sk = load_for_pack(model, inputs, skeleton_options(c));
   try {
     sk.profile(inputs, ProfileOptions{1, 3});
   } catch (const Error& e) {

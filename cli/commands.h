@@ -24,6 +24,9 @@ struct Common {
   int threads = 0;                        // --threads: intra-op threads, 0 = all cores
   std::uint64_t seed = 0;                 // --seed of the random input
   std::string log_level = "warn";         // --log-level
+  // --split-above SIZE (inspect, verify, pack of a .pt): SkeletonOptions::split_above; empty: its
+  // default (Note [Splitting large layers] in assembly/src/skeleton.cpp).
+  std::string split_above;
 };
 
 void apply_common(const Common& c);  // log level and thread count

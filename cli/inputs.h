@@ -25,6 +25,9 @@ std::vector<std::string> split(const std::string& s, char sep);
 // Plans with a device profile (cmd_plan.cpp).
 void use_profile(const DeviceProfile& p, ExecutorOptions* o);
 
+// The skeleton options --split-above asks for (Common::split_above).
+SkeletonOptions skeleton_options(const Common& c);
+
 struct InMemory {
   Skeleton sk;
   void* data = nullptr;

@@ -57,17 +57,26 @@ int main(int argc, char** argv) {
   inspect->add_option("model", model, "TorchScript file (.pt) or swap image (.swapnet)")->required();
   inspect->add_option("--iters", iters, "timed runs for per-layer time (median; default 3)");
   add_common(inspect, common, true, false);
+  inspect->add_option("--split-above", common.split_above,
+                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
+                  "their output channels, each a layer of its own");
 
   auto* verify = app.add_subcommand("verify", "check that the layer-by-layer run equals forward bit for bit");
   verify->add_option("model", model, "TorchScript file (.pt)")->required();
   verify->add_option("--runs", runs, "runs of each path; every pair is compared (default 2)");
   verify->add_option("--image", image, "take skeleton and weights from this swap image of the model");
   add_common(verify, common, true, true);
+  verify->add_option("--split-above", common.split_above,
+                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
+                  "their output channels, each a layer of its own");
 
   auto* pack = app.add_subcommand("pack", "write a model's swap image (one aligned file, layer by layer)");
   pack->add_option("model", model, "TorchScript file (.pt)")->required();
   pack->add_option("-o,--output", out, "image to write (.swapnet)")->required();
   add_common(pack, common, true, true);
+  pack->add_option("--split-above", common.split_above,
+                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
+                  "their output channels, each a layer of its own");
   std::vector<std::string> pack_profiles;
   pack->add_option("--input-profile", pack_profiles,
                    "more inputs to measure activations for, the specs of one forward call separated by spaces "

@@ -66,6 +66,68 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_pair(std::string("mobilenet_v2"), std::vector<int64_t>{1, 3, 64, 64})),
     [](const auto& info) { return info.param.first; });
 
+// Note [Splitting large layers]: with a small split_above, convolutions (resnet18's without bias,
+// squeezenet's with) and linear layers (with bias) are computed in parts along their output channels, each part a
+// layer of its own named after its rows; grouped (depthwise) convolutions stay whole. The
+// outputs stay bit-identical to forward, every byte of the module is in exactly one slot, no
+// part holds more than split_above (or 64 rows), and the parts of a layer follow each other.
+class SplitModels : public ::testing::TestWithParam<std::pair<std::string, std::vector<int64_t>>> {};
+
+TEST_P(SplitModels, PartsAlongOutputChannelsAreBitIdentical) {
+  const auto& [name, shape] = GetParam();
+  torch::jit::Module m;
+  SkeletonOptions opt;
+  opt.split_above = 96 << 10;
+  Skeleton whole = load(name);
+  Skeleton sk = Skeleton::load(model(name), &m, opt);
+  ASSERT_GT(sk.split_layers(), 0) << name;
+  EXPECT_EQ(sk.layers().size(), whole.layers().size() + sk.split_parts() - sk.split_layers());
+  EXPECT_EQ(sk.total_bytes(), whole.total_bytes());
+  // A weight (and its bias) becomes one slot per part.
+  EXPECT_GE(sk.slots().size(), whole.slots().size() + static_cast<size_t>(sk.split_parts() - sk.split_layers()));
+  std::int64_t bytes = 0;
+  int parts = 0;
+  for (const auto& s : sk.slots()) {
+    bytes += s.bytes;
+    if (s.name.back() != ']') continue;
+    const std::int64_t row = s.sizes.size() > 1 ? s.bytes / s.sizes[0] : 0;
+    if (row > 0) {
+      ++parts;
+      EXPECT_TRUE(s.bytes <= static_cast<std::int64_t>(opt.split_above) || s.sizes[0] <= 64) << s.name << " " << s.bytes;
+    }
+  }
+  EXPECT_EQ(bytes, whole.total_bytes());
+  EXPECT_EQ(parts, sk.split_parts());
+  int named = 0;
+  for (const auto& L : sk.layers()) named += !L.name.empty() && L.name.back() == ']';
+  EXPECT_EQ(named, sk.split_parts());
+  // load_for_pack keeps the parts that are bit-identical on this machine (oneDNN picks another
+  // kernel for some shapes with 64 output channels, e.g. resnet18's layer4.0.conv1 at 64x64 on
+  // one CPU) and the layers whose parts differ whole: its outputs equal forward's.
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn(shape);
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    expected = m.forward({x.clone()});
+  }
+  Skeleton packed = load_for_pack(model(name), {x}, opt);
+  Comparison c = compare_outputs(expected, packed.forward({x.clone()}));
+  EXPECT_TRUE(c.equal) << name << ": " << c.difference;
+  EXPECT_GT(packed.split_layers(), 0) << name << ": most layers split in parts are bit-identical";
+  for (const auto& w : packed.split_weights()) {
+    EXPECT_NE(std::find(sk.split_weights().begin(), sk.split_weights().end(), w), sk.split_weights().end()) << w;
+  }
+  EXPECT_EQ(packed.total_bytes(), whole.total_bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, SplitModels,
+    ::testing::Values(std::make_pair(std::string("resnet18"), std::vector<int64_t>{1, 3, 64, 64}),
+                      std::make_pair(std::string("mobilenet_v2"), std::vector<int64_t>{1, 3, 64, 64}),
+                      std::make_pair(std::string("squeezenet1_1"), std::vector<int64_t>{1, 3, 64, 64})),
+    [](const auto& info) { return info.param.first; });
+
 TEST(Skeleton, Resnet18HasConvSizedLayers) {
   Skeleton sk = load("resnet18");
   // 20 convolutions, 20 batch norms, 1 linear: one weighted node per layer.

@@ -675,6 +675,41 @@ TEST(Executor, TheZoneHoldsEveryActivationWhereTheyFragmentIt) { expect_the_zone
 // only the bytes live at once, so later inferences of that input lose none out of the zone.
 TEST(Executor, AReMeasuredInputsActivationsStayInTheZone) { expect_the_zone_holds_every_activation(128, 160, 4); }
 
+// Note [Splitting large layers]: an image packed with resnet18's large convolutions and its fc
+// in parts needs less than the whole-layer image's minimum budget (the ring holds the largest
+// part, not the largest layer) and runs there swapped, bit-identical to the module, within the
+// budget, budget changes in the middle of an inference included.
+TEST(Executor, SplitLayersRunBelowTheWholeLayersMinimum) {
+  SkeletonOptions split;
+  split.split_above = 512 << 10;
+  Packed whole = packed("resnet18", {1, 3, 64, 64});
+  Packed pk = packed("resnet18", {1, 3, 64, 64}, split);
+  const std::uint64_t whole_min = min_budget(whole.info), split_min = min_budget(pk.info);
+  std::uint64_t largest = 0, largest_whole = 0;
+  for (const auto& L : pk.info.layers) largest = std::max(largest, L.size);
+  for (const auto& L : whole.info.layers) largest_whole = std::max(largest_whole, L.size);
+  // Layers whose parts differ on this machine stay whole (load_for_pack): resnet18's
+  // layer4.0.conv1 (4.7 MB) on one CPU; its 9.4 MB 3x3 convolutions split.
+  EXPECT_LT(largest, largest_whole);
+  ASSERT_LT(split_min, whole_min) << "the ring needs the largest part, not the largest layer";
+  EXPECT_GE(pk.info.layers.size(), whole.info.layers.size() + 2);
+  EXPECT_LE(pk.info.data_size, whole.info.data_size + kImageAlign * pk.info.layers.size()) << "each layer pads to a page";
+  torch::manual_seed(12);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  ExecutorOptions o;
+  o.budget = (split_min + whole_min) / 2;
+  auto ex = Executor::open(pk.img, o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(forward_within(*ex, x, expected, o.budget, "inference " + std::to_string(i)));
+  EXPECT_GT(ex->plan().blocks.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(change_budgets_mid_inference(
+      *ex, x, expected, 21, [&](int trial) { return trial % 2 ? split_min : o.budget; }, "split"));
+  // The whole-layer image refuses that budget, naming its minimum.
+  const std::string e = error_of([&] { Executor::open(whole.img, o); });
+  EXPECT_NE(e.find(std::to_string(whole_min)), std::string::npos) << e;
+}
+
 TEST(Executor, TheRingRunsInTheLargestLayer) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   const ImageInfo& info = pk.info;

@@ -13,17 +13,18 @@ namespace swapnet {
 namespace test_util {
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
-inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m) {
-  Skeleton sk = Skeleton::load(model(name), m);
+inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m,
+                        const SkeletonOptions& options = {}) {
   torch::manual_seed(1);
   at::Tensor x = torch::randn(shape);
+  Skeleton sk = load_for_pack(model(name), {x}, options, m);  // as swapnet pack
   sk.profile({x}, ProfileOptions{0, 1});
   PackOptions po;
   po.activation_bytes = measure_activation_bytes(sk, {x}, &po.layer_peak_bytes);
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
   // In a directory removed at exit: a test run packs in each of its ~200 test processes, and
   // leaving 59 MB each behind filled /tmp within a day of runs.
-  std::string path = process_temp_dir() + "/" + name + ".swapnet";
+  std::string path = process_temp_dir() + "/" + name + (options.split_above == SkeletonOptions{}.split_above ? "" : "-split" + std::to_string(options.split_above)) + ".swapnet";
   sk.pack(path, po);
   return path;
 }
@@ -40,9 +41,9 @@ struct Packed {
   std::string img;
   ImageInfo info;
 };
-inline Packed packed(const std::string& name, const std::vector<int64_t>& shape) {
+inline Packed packed(const std::string& name, const std::vector<int64_t>& shape, const SkeletonOptions& options = {}) {
   Packed p;
-  p.img = pack(name, shape, &p.m);
+  p.img = pack(name, shape, &p.m, options);
   Status s = read_image_info(p.img, &p.info);
   if (!s.ok()) throw Error(s.message());
   return p;

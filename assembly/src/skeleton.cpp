@@ -36,6 +36,31 @@
 // slots' inputs at the GetAttr's place: a slot-reading node, so it starts a layer, and the
 // kernel that takes the list follows it in the same layer. Lists of other element types that
 // hold tensors (tuples, dicts) are still refused, naming the attribute.
+// Note [Splitting large layers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A layer's weights are read, held and given back as one, so the largest layer sets a model's
+// least budget (the ring holds it whole) and, while it computes, how much the disk can read
+// ahead: vgg19's fc6 (392 MiB) made a third of vgg19 (183 MiB) impossible, and
+// fcn_resnet101's classifier.0 (36 MiB, plus oneDNN's reordered copy of it and its
+// activations: 92 of the 94 MB a third of the model has) left the disk idle while it ran. So,
+// between lifting and cutting, a convolution (aten::conv1d/2d/3d, groups 1) or aten::linear
+// whose weight is read by that node alone and is larger than SkeletonOptions::split_above is
+// rewritten along its output channels:
+//     y = conv(x, W, b)   ->   y_i = conv(x, W[a_i:b_i], b[a_i:b_i]);  y = cat([y_0, ..], 1)
+// (linear: cat along the last dimension). Each part's weight and bias are slots of their own,
+// views of the parameter's rows (the first dimension: contiguous), named "W[a:b]", so each
+// part is a layer of its own ("classifier.0[0:192]"), read, run and freed a part at a time;
+// the cat and what follows run in the last part's layer. Parts are whole multiples of 64 rows
+// (the kernels' output-channel blocks stay aligned), at most split_above bytes each unless 64
+// rows are more. An output element is computed from the same inputs and weights by the same
+// kernel, in a call with fewer output channels: bit-identical where the kernel's reduction
+// order does not depend on the output channels -- so for oneDNN's convolutions and OpenBLAS's
+// GEMMs on every shape tried (conv 3x3 and 1x1, 64-2048 channels, 2-8 parts; linear 25088 x
+// 4096 in 2-16 parts), but promised by neither library, so load_for_pack() checks the example
+// input and packs without splitting where an output differs. The parts are no slower: the cat
+// copies the output once, each part reorders its input again, and oneDNN reorders less weight
+// at once (fcn_resnet101's classifier.0: 53 ms whole, 45-47 ms in 2-4 parts; vgg19's fc6 27 ms
+// whole and in 8 parts).
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -192,9 +217,13 @@ struct Skeleton::Impl {
   int num_parameters = 0, num_buffers = 0;
 
   std::vector<std::uint64_t> slot_offset;  // file offset of each slot (from_image skeletons)
+  int split_parts = 0;                      // Note [Splitting large layers]
+  int split_added = 0;                      // slots added by splitting (parts less the tensors split)
+  std::vector<std::string> split_weights;   // the weights of the layers split
 
   void collect_slots(const jit::Module& m);
   void lift(const jit::Module& m);
+  void split_large(std::uint64_t above, const std::vector<std::string>& keep_whole);
   void cut();
   void renumber_slots();
   std::string serialize() const;
@@ -350,6 +379,118 @@ void Skeleton::Impl::lift(const jit::Module& m) {
   }
 }
 
+void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::string>& keep_whole) {
+  if (above == 0) return;
+  auto is_none = [](Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
+  std::vector<char> replaced(slots.size(), 0);
+  std::vector<Node*> todo;
+  for (Node* n : graph->block()->nodes()) {
+    const bool conv = n->kind() == c10::aten::conv1d || n->kind() == c10::aten::conv2d || n->kind() == c10::aten::conv3d;
+    if (!conv && n->kind() != c10::aten::linear) continue;
+    if (n->inputs().size() < 3 || n->outputs().size() != 1) continue;
+    auto w = slot_of_input.find(n->input(1));
+    if (w == slot_of_input.end() || n->input(1)->uses().size() != 1) continue;
+    const SlotInfo& W = slots[w->second];
+    const at::Tensor& wt = bound[w->second];
+    if (W.bytes <= static_cast<std::int64_t>(above) || W.sizes.size() < 2 || !wt.is_contiguous() ||
+        !at::isFloatingType(W.dtype) || std::find(keep_whole.begin(), keep_whole.end(), W.name) != keep_whole.end()) {
+      continue;
+    }
+    if (conv) {
+      if (n->inputs().size() != 7) continue;
+      const auto groups = jit::constant_as<std::int64_t>(n->input(6));
+      if (!groups || *groups != 1) continue;
+    }
+    Value* bias = n->input(2);
+    if (!is_none(bias)) {
+      auto b = slot_of_input.find(bias);
+      if (b == slot_of_input.end() || bias->uses().size() != 1 || slots[b->second].sizes != std::vector<std::int64_t>{W.sizes[0]} ||
+          !bound[b->second].is_contiguous()) {
+        continue;
+      }
+    }
+    const std::int64_t rows = W.sizes[0], row_bytes = W.bytes / rows;
+    const std::int64_t per = std::max<std::int64_t>(64, static_cast<std::int64_t>(above) / row_bytes / 64 * 64);
+    if (per >= rows) continue;
+    todo.push_back(n);
+  }
+  for (Node* n : todo) {
+    const bool conv = n->kind() != c10::aten::linear;
+    Value* w_in = n->input(1);
+    Value* b_in = n->input(2);
+    const int w = slot_of_input.at(w_in);
+    const int b = is_none(b_in) ? -1 : slot_of_input.at(b_in);
+    const std::int64_t rows = slots[w].sizes[0], row_bytes = slots[w].bytes / rows;
+    const std::int64_t per = std::max<std::int64_t>(64, static_cast<std::int64_t>(above) / row_bytes / 64 * 64);
+    jit::WithInsertPoint guard(n);
+    std::vector<Value*> parts;
+    // A view of rows [a, a + len) of slot s as a new slot read by a new graph input.
+    auto part_of = [&](int s, std::int64_t a, std::int64_t len, Value* like) {
+      SlotInfo p = slots[s];
+      p.name = slots[s].name + "[" + std::to_string(a) + ":" + std::to_string(a + len) + "]";
+      p.sizes[0] = len;
+      p.bytes = slots[s].bytes / rows * len;
+      p.layer = -1;
+      p.used_by.clear();
+      const at::Tensor view = bound[s].narrow(0, a, len);
+      slots.push_back(std::move(p));
+      bound.push_back(view);
+      Value* in = graph->addInput(slots.back().name)->setType(like->type());
+      input_of_slot.push_back(in);
+      slot_of_input[in] = static_cast<int>(slots.size()) - 1;
+      replaced.push_back(0);
+      return in;
+    };
+    for (std::int64_t a = 0; a < rows; a += per) {
+      const std::int64_t len = std::min(per, rows - a);
+      Value* wp = part_of(w, a, len, w_in);
+      Value* bp = b >= 0 ? part_of(b, a, len, b_in) : b_in;
+      Node* c = graph->createClone(n, [&](Value* v) { return v == w_in ? wp : v == b_in ? bp : v; });
+      graph->insertNode(c);
+      parts.push_back(c->output());
+      ++split_parts;
+    }
+    Node* list = graph->insertNode(graph->createList(c10::TensorType::get(), parts));
+    Value* dim = graph->insertConstant(static_cast<std::int64_t>(conv ? 1 : -1));
+    Value* joined = graph->insert(c10::aten::cat, {list->output(), dim});
+    joined->setType(n->output()->type());
+    n->output()->replaceAllUsesWith(joined);
+    n->destroy();
+    split_weights.push_back(slots[w].name);
+    replaced[w] = 1;
+    if (b >= 0) replaced[b] = 1;
+    const int parts_made = static_cast<int>(parts.size());
+    split_added += (b >= 0 ? 2 : 1) * (parts_made - 1);
+  }
+  if (todo.empty()) return;
+  // The parameters split are no slots any more (their parts are): every byte in exactly one.
+  std::vector<SlotInfo> s2;
+  std::vector<at::Tensor> b2;
+  std::vector<Value*> in2;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (replaced[i]) {
+      Value* in = input_of_slot[i];
+      for (size_t k = 0; k < graph->inputs().size(); ++k) {
+        if (graph->inputs()[k] == in) {
+          graph->eraseInput(k);
+          break;
+        }
+      }
+      continue;
+    }
+    s2.push_back(std::move(slots[i]));
+    b2.push_back(std::move(bound[i]));
+    in2.push_back(input_of_slot[i]);
+  }
+  slots = std::move(s2);
+  bound = std::move(b2);
+  input_of_slot = std::move(in2);
+  slot_of_input.clear();
+  for (size_t i = 0; i < input_of_slot.size(); ++i) {
+    if (input_of_slot[i] != nullptr) slot_of_input[input_of_slot[i]] = static_cast<int>(i);
+  }
+}
+
 void Skeleton::Impl::cut() {
   // Which slots each top-level node reads, nested blocks included.
   auto slots_read = [&](Node* top) {
@@ -430,10 +571,21 @@ void Skeleton::Impl::cut() {
   for (auto& L : layers) {
     std::vector<std::string> names;
     for (int s : L.slots.empty() ? L.used_slots : L.slots) names.push_back(slots[s].name);
+    // A part of a split layer (Note [Splitting large layers]): its rows follow the module's name.
+    std::string rows;
+    if (!names.empty() && !names[0].empty() && names[0].back() == ']') {
+      rows = names[0].substr(names[0].rfind('['));
+      for (auto& n : names) {
+        if (n.size() < rows.size() || n.compare(n.size() - rows.size(), rows.size(), rows) != 0) {
+          rows.clear();
+          break;
+        }
+      }
+    }
     std::string prefix = common_module_prefix(names);
     if (prefix.empty() && !names.empty()) prefix = names.front();
     if (prefix.empty()) prefix = L.ops.empty() ? "(empty)" : L.ops.front();
-    L.name = prefix;
+    L.name = prefix + rows;
   }
 }
 
@@ -626,7 +778,7 @@ Skeleton::Skeleton(Skeleton&&) noexcept = default;
 Skeleton& Skeleton::operator=(Skeleton&&) noexcept = default;
 Skeleton::~Skeleton() = default;
 
-Skeleton Skeleton::load(const std::string& path, torch::jit::Module* module) {
+Skeleton Skeleton::load(const std::string& path, torch::jit::Module* module, const SkeletonOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file");
@@ -636,12 +788,57 @@ Skeleton Skeleton::load(const std::string& path, torch::jit::Module* module) {
   } catch (const c10::Error& e) {
     throw Error(path + ": not a TorchScript module file (torch::jit::load: " + detail::torch_message(e) + ")");
   }
-  Skeleton sk = from_module(m, path);
+  Skeleton sk = from_module(m, path, options);
   if (module != nullptr) *module = m;
   return sk;
 }
 
-Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::string& origin) {
+Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& inputs, const SkeletonOptions& options,
+                       torch::jit::Module* module) {
+  torch::jit::Module m;
+  Skeleton sk = Skeleton::load(path, &m, options);
+  if (module != nullptr) *module = m;
+  if (sk.split_layers() == 0) return sk;
+  // Note [Splitting large layers]: the parts must give what forward gives, on this machine.
+  c10::IValue expected;
+  auto clones = [&] {
+    std::vector<c10::IValue> v;
+    for (const auto& x : inputs) v.push_back(x.isTensor() ? c10::IValue(x.toTensor().clone()) : x);
+    return v;
+  };
+  {
+    c10::InferenceMode guard;
+    expected = m.forward(clones());
+  }
+  auto differs = [&](const Skeleton& s) { return !compare_outputs(expected, s.forward(clones())).equal; };
+  if (!differs(sk)) return sk;
+  // One at a time: the layers whose parts differ stay whole.
+  const std::vector<std::string> split = sk.split_weights();
+  SkeletonOptions keep = options;
+  for (const auto& name : split) {
+    SkeletonOptions one = options;
+    for (const auto& other : split) {
+      if (other != name) one.keep_whole.push_back(other);
+    }
+    if (differs(Skeleton::from_module(m, path, one))) keep.keep_whole.push_back(name);
+  }
+  std::string whole;
+  for (size_t i = options.keep_whole.size(); i < keep.keep_whole.size(); ++i) whole += (whole.empty() ? "" : ", ") + keep.keep_whole[i];
+  Skeleton kept = Skeleton::from_module(m, path, keep);
+  if (kept.split_layers() > 0 && differs(kept)) {
+    log(LogLevel::kWarn, path + ": layers computed in parts along their output channels differ from forward on this "
+                                "machine; packed without splitting any");
+    keep.split_above = 0;
+    return Skeleton::from_module(m, path, keep);
+  }
+  log(LogLevel::kWarn, path + ": " + std::to_string(split.size() - static_cast<size_t>(kept.split_layers())) + " of " +
+                           std::to_string(split.size()) + " large layers differ from forward on this machine when "
+                           "computed in parts, and stay whole: " + whole);
+  return kept;
+}
+
+Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::string& origin,
+                               const SkeletonOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->origin = origin;
   impl->methods = module._ivalue()->compilation_unit();
@@ -653,6 +850,7 @@ Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::stri
   try {
     impl->collect_slots(m);
     impl->lift(m);
+    impl->split_large(options.split_above, options.keep_whole);
     impl->cut();
     impl->renumber_slots();
     impl->assign_ids();
@@ -672,6 +870,10 @@ const std::vector<LayerInfo>& Skeleton::layers() const { return impl_->layers; }
 std::int64_t Skeleton::total_bytes() const { return impl_->total_bytes; }
 int Skeleton::num_parameters() const { return impl_->num_parameters; }
 int Skeleton::num_buffers() const { return impl_->num_buffers; }
+const std::vector<std::string>& Skeleton::split_weights() const { return impl_->split_weights; }
+int Skeleton::split_layers() const { return static_cast<int>(impl_->split_weights.size()); }
+int Skeleton::split_parts() const { return impl_->split_parts; }
+int Skeleton::split_tensors() const { return impl_->split_added; }
 
 // ---- binding ----------------------------------------------------------------------------------
 

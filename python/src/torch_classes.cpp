@@ -34,8 +34,8 @@ namespace {
 
 std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
   return guarded([&] {
-    Skeleton sk = Skeleton::load(model);
     auto inputs = to_inputs(list);
+    Skeleton sk = load_for_pack(model, inputs);
     try {
       sk.profile(inputs, ProfileOptions{1, 3});
     } catch (const Error& e) {

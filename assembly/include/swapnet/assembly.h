@@ -84,6 +84,21 @@ struct PackOptions {
   std::function<void(std::uint64_t done, std::uint64_t total)> progress;  // optional
 };
 
+// How a module is cut into layers.
+struct SkeletonOptions {
+  // A convolution (groups 1) or linear layer whose weight is larger than this many bytes is
+  // computed in parts of at most this size along its output channels, their outputs joined with
+  // aten::cat (Note [Splitting large layers] in skeleton.cpp): each part is a layer of its own,
+  // read, held and given back a part at a time, so no budget needs room for the whole layer
+  // (vgg19's fc6 is 392 MiB) and the disk reads on while a part computes. 0: never split.
+  // Bit-identical on the CPUs measured but not by construction: load_for_pack() checks the
+  // example input and builds without splitting where any output differs.
+  std::uint64_t split_above = std::uint64_t{16} << 20;  // bytes
+  // Weights (qualified names, "classifier.0.weight") whose layers stay whole whatever their size:
+  // those load_for_pack() found to differ in parts.
+  std::vector<std::string> keep_whole;
+};
+
 // The layered skeleton of one module. Not copyable; movable. Running it is not thread-safe
 // (one inference at a time per Skeleton).
 class SWAPNET_API Skeleton {
@@ -91,10 +106,19 @@ class SWAPNET_API Skeleton {
   // Loads a TorchScript file and builds its skeleton. Throws Error naming the file and the
   // problem: missing file, not a TorchScript archive, no forward, unsupported construct.
   // If `module` is given it receives the loaded module (in eval mode), e.g. to compare with.
-  static Skeleton load(const std::string& path, torch::jit::Module* module = nullptr);
+  static Skeleton load(const std::string& path, torch::jit::Module* module = nullptr,
+                       const SkeletonOptions& options = {});
   // Builds from a loaded module; `origin` names it in messages. Slots initially alias the
-  // module's own tensors.
-  static Skeleton from_module(const torch::jit::Module& module, const std::string& origin);
+  // module's own tensors (split layers' parts: views of their rows).
+  static Skeleton from_module(const torch::jit::Module& module, const std::string& origin,
+                              const SkeletonOptions& options = {});
+  // Layers of the module computed in parts (SkeletonOptions::split_above): their weights'
+  // qualified names, how many, and the parts they make.
+  const std::vector<std::string>& split_weights() const;
+  int split_layers() const;
+  int split_parts() const;
+  // Slots the parts added: slots() holds the module's parameters and buffers plus these.
+  int split_tensors() const;
 
   Skeleton(Skeleton&&) noexcept;
   Skeleton& operator=(Skeleton&&) noexcept;
@@ -160,6 +184,14 @@ class SWAPNET_API Skeleton {
   explicit Skeleton(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Loads `path` to pack it with `inputs` as the example: the skeleton with large layers split
+// (options.split_above) where that keeps its outputs for `inputs` bit-identical to the module's
+// forward. When they differ, each split layer is tried alone, and those that differ stay whole
+// (said in the log, naming them; nothing is split if the rest still differs). `module` receives
+// the module, as for Skeleton::load.
+SWAPNET_API Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& inputs,
+                                   const SkeletonOptions& options = {}, torch::jit::Module* module = nullptr);
 
 // ---- activation accounting ----
 // Counts libtorch's CPU allocations (activations, inputs, outputs) from install_cpu_meter() on,
