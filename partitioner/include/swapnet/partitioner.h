@@ -255,7 +255,9 @@ struct DeviceProfile {
   // random layer ranges + binding them (reads after idle may beat the sustained rate), t_out.
   double t_in_error = 0, t_out_error = 0;
   // Predicting blocks' execution time from gamma*FLOPs vs from the image's measured per-layer
-  // times; `exec_source` names the better one ("measured" or "flops").
+  // times (scaled to the run's total: the machine's drift since packing passes); `exec_source`
+  // names the one plans use: "measured" unless those times are off by more than FLOPs and by
+  // more than 15 % (FLOPs miss memory-bound layers: vgg19's fully connected ones by 97 %).
   double exec_error_flops = 0, exec_error_measured = 0;
   std::string exec_source = "measured";
   // Whole swapped runs of the planner's plans for several per-block costs, against the ring
