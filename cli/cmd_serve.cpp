@@ -211,6 +211,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   ro.workers = s.workers;
   std::vector<RuntimeModel> specs;
   for (const auto& m : s.models) specs.push_back(m.rt);
+  if (!o.trace.empty()) trace_start();  // before the models open: each takes a group in the trace
   std::unique_ptr<Runtime> rt = Runtime::open(std::move(specs), total, ro);
   std::unique_ptr<ControlServer> control;
   if (o.socket != "none") control = std::make_unique<ControlServer>(rt.get(), o.socket.empty() ? default_control_path() : o.socket);
@@ -518,6 +519,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                                 {"plan_ms", a.plan_ms}, {"took_ms", a.took_ms}, {"plans_ms", a.plans_ms}, {"moved_ms", a.moved_ms},
                                 {"move_ms", a.move_ms}, {"note", a.note}});
   }
+  if (!o.trace.empty()) trace_write(o.trace).throw_if_error();
   if (!o.timeline.empty()) {
     std::ofstream t(o.timeline);
     if (!t) throw Error(o.timeline + ": cannot write the timeline");

@@ -193,6 +193,9 @@ int main(int argc, char** argv) {
   serve->add_option("--slo-scale", so.slo_scale, "multiply every deadline (slo_ms of models and groups)")
       ->check(CLI::PositiveNumber);
   serve->add_option("--timeline", so.timeline, "write every request (time, model, latency, total budget) as CSV");
+  serve->add_option("--trace", so.trace,
+                    "write every model's timeline (layers, waits, reads, budget moves) as a Chrome trace JSON "
+                    "(ui.perfetto.dev; bench/trace_summary.py)");
   serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
   serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`swapnet serve` and `swapnet ctl` end to end on two small models: a short scenario with a
 budget schedule runs (every output bit-identical to direct inference, no model over its budget,
-each change in effect, the --json fields the issue names, a --timeline CSV); deadlines under lst;
+each change in effect, the --json fields the issue names, a --timeline CSV, a --trace); deadlines under lst;
 a periodic group under heft (makespan, QoE and score; --slo-scale, --period-scale); `ctl budget` moves a
 running serve and `ctl status` reports it; malformed scenarios are refused naming the field;
 a scenario whose minimums do not fit is refused with the numbers.
@@ -42,7 +42,8 @@ def main() -> int:
     # A run with the budget cut and restored.
     path = scenario("cuts", schedule=[{"at_s": 1.5, "budget": "55%"}, {"at_s": 3, "budget": "90%"}])
     timeline = os.path.join(work, "timeline.csv")
-    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--timeline", timeline)
+    trace = os.path.join(work, "trace.json")
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--timeline", timeline, "--trace", trace)
     expect(rc == 0, f"serve exit {rc}: {err}")
     if rc == 0:
         j = json.loads(out)
@@ -66,6 +67,14 @@ def main() -> int:
         with open(timeline) as f:
             lines = f.read().splitlines()
         expect(lines[0] == "t_s,model,latency_ms,total_budget_bytes" and len(lines) > 6, "timeline CSV")
+        # --trace: both models' timelines, each in its own group, the two cuts on the control lane.
+        with open(trace) as f:
+            t = json.load(f)
+        groups = {e["args"]["name"] for e in t["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+        expect({"resnet18.swapnet", "mobilenet_v2.swapnet"} <= groups, f"trace groups {groups}")
+        cuts = [e for e in t["traceEvents"] if e["ph"] == "i" and e["name"] == "total budget"]
+        layers = sum(1 for e in t["traceEvents"] if e["ph"] == "X" and e["name"].startswith("layer "))
+        expect(len(cuts) == 2 and layers > 100, f"trace: {len(cuts)} budget changes, {layers} layers")
 
     # Open-loop arrivals with deadlines under the central scheduler (lst).
     path = scenario("slo", scheduler="lst", workers=1, duration_s=4,

@@ -47,7 +47,8 @@
 // whose weight is read by that node alone and is larger than SkeletonOptions::split_above is
 // rewritten along its output channels:
 //     y = conv(x, W, b)   ->   y_i = conv(x, W[a_i:b_i], b[a_i:b_i]);  y = cat([y_0, ..], 1)
-// (linear: cat along the last dimension). Each part's weight and bias are slots of their own,
+// (the channel dimension counted from the end, so unbatched inputs join right too; linear: the
+// last dimension). Each part's weight and bias are slots of their own,
 // views of the parameter's rows (the first dimension: contiguous), named "W[a:b]", so each
 // part is a layer of its own ("classifier.0[0:192]"), read, run and freed a part at a time;
 // the cat and what follows run in the last part's layer. Parts are whole multiples of 64 rows
@@ -451,7 +452,10 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
       ++split_parts;
     }
     Node* list = graph->insertNode(graph->createList(c10::TensorType::get(), parts));
-    Value* dim = graph->insertConstant(static_cast<std::int64_t>(conv ? 1 : -1));
+    // The output channels: before the spatial dimensions (counted from the end, so that an
+    // unbatched input, whose channels come first, joins right too), or the last for linear.
+    const std::int64_t spatial = n->kind() == c10::aten::conv1d ? 1 : n->kind() == c10::aten::conv2d ? 2 : 3;
+    Value* dim = graph->insertConstant(conv ? -(spatial + 1) : std::int64_t{-1});
     Value* joined = graph->insert(c10::aten::cat, {list->output(), dim});
     joined->setType(n->output()->type());
     n->output()->replaceAllUsesWith(joined);

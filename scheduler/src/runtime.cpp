@@ -729,6 +729,7 @@ std::future<c10::IValue> Runtime::submit(int model, std::vector<c10::IValue> inp
 }
 
 void Runtime::set_budget(std::uint64_t total) {
+  trace_instant(0, TraceLane::kControl, "total budget", -1, "bytes", static_cast<std::int64_t>(total));
   Impl& m = *impl_;
   const Clock::time_point t = Clock::now();
   const Allocation a = m.plan(total);
