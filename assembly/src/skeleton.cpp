@@ -225,6 +225,7 @@ struct Skeleton::Impl {
   void collect_slots(const jit::Module& m);
   void lift(const jit::Module& m);
   void split_large(std::uint64_t above, const std::vector<std::string>& keep_whole);
+  void reorder_slots(const std::vector<int>& order);
   void cut();
   void renumber_slots();
   std::string serialize() const;
@@ -468,23 +469,32 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
   }
   if (todo.empty()) return;
   // The parameters split are no slots any more (their parts are): every byte in exactly one.
+  std::vector<int> keep;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!replaced[i]) {
+      keep.push_back(static_cast<int>(i));
+      continue;
+    }
+    for (size_t k = 0; k < graph->inputs().size(); ++k) {
+      if (graph->inputs()[k] == input_of_slot[i]) {
+        graph->eraseInput(k);
+        break;
+      }
+    }
+  }
+  reorder_slots(keep);
+}
+
+// Slot i becomes old slot order[i] (slots not in `order` are dropped): the slot table, the bound
+// tensors and the graph inputs move together.
+void Skeleton::Impl::reorder_slots(const std::vector<int>& order) {
   std::vector<SlotInfo> s2;
   std::vector<at::Tensor> b2;
   std::vector<Value*> in2;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (replaced[i]) {
-      Value* in = input_of_slot[i];
-      for (size_t k = 0; k < graph->inputs().size(); ++k) {
-        if (graph->inputs()[k] == in) {
-          graph->eraseInput(k);
-          break;
-        }
-      }
-      continue;
-    }
-    s2.push_back(std::move(slots[i]));
-    b2.push_back(std::move(bound[i]));
-    in2.push_back(input_of_slot[i]);
+  for (int old : order) {
+    s2.push_back(std::move(slots[old]));
+    b2.push_back(std::move(bound[old]));
+    in2.push_back(input_of_slot[old]);
   }
   slots = std::move(s2);
   bound = std::move(b2);
@@ -601,21 +611,7 @@ void Skeleton::Impl::renumber_slots() {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return slots[a].layer < slots[b].layer; });
   std::vector<int> new_index(slots.size());
   for (size_t i = 0; i < order.size(); ++i) new_index[order[i]] = static_cast<int>(i);
-  std::vector<SlotInfo> s2;
-  std::vector<at::Tensor> b2;
-  std::vector<Value*> in2;
-  for (int old : order) {
-    s2.push_back(std::move(slots[old]));
-    b2.push_back(std::move(bound[old]));
-    in2.push_back(input_of_slot[old]);
-  }
-  slots = std::move(s2);
-  bound = std::move(b2);
-  input_of_slot = std::move(in2);
-  slot_of_input.clear();
-  for (size_t i = 0; i < input_of_slot.size(); ++i) {
-    if (input_of_slot[i] != nullptr) slot_of_input[input_of_slot[i]] = static_cast<int>(i);
-  }
+  reorder_slots(order);
   for (auto& L : layers) {
     for (int& x : L.slots) x = new_index[x];
     for (int& x : L.used_slots) x = new_index[x];

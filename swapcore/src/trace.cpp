@@ -136,42 +136,20 @@ std::uint32_t trace_group(const std::string& name) {
 
 void trace_span(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num, TraceClock::time_point begin,
                 TraceClock::time_point end, const char* arg, std::int64_t value) noexcept {
-  if (!tracing()) return;
-  Event e;
-  e.name = name;
-  e.arg = arg;
-  e.num = num;
-  e.value = value;
-  e.group = group;
-  e.lane = lane;
-  e.ph = 'X';
-  record(e, begin, end);
+  if (tracing()) record(Event{0, 0, name, arg, num, value, group, lane, 'X'}, begin, end);
 }
 
 void trace_instant(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num, const char* arg,
                    std::int64_t value) noexcept {
   if (!tracing()) return;
-  Event e;
-  e.name = name;
-  e.arg = arg;
-  e.num = num;
-  e.value = value;
-  e.group = group;
-  e.lane = lane;
-  e.ph = 'i';
   const auto now = TraceClock::now();
-  record(e, now, now);
+  record(Event{0, 0, name, arg, num, value, group, lane, 'i'}, now, now);
 }
 
 void trace_counter(std::uint32_t group, const char* name, std::int64_t value) noexcept {
   if (!tracing()) return;
-  Event e;
-  e.name = name;
-  e.value = value;
-  e.group = group;
-  e.ph = 'C';
   const auto now = TraceClock::now();
-  record(e, now, now);
+  record(Event{0, 0, name, nullptr, -1, value, group, TraceLane::kCompute, 'C'}, now, now);
 }
 
 Status trace_write(const std::string& path) {
