@@ -16,8 +16,11 @@ pack_paper_models() {
     v=0
     [ -f "$models/$m.swapnet" ] && v=$("$cli" inspect "$models/$m.swapnet" --json 2>/dev/null |
       /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); big=max(l["bytes"] for l in j["layers"]) > (16 << 20) + 4096; print(0 if big else j.get("format_version", 0))' || echo 0)
-    [ "$v" -ge 5 ] ||
+    # A large layer pack kept whole (its parts differ from forward on this CPU) asks once only.
+    [ "$v" -ge 5 ] || { [ "$v" = 0 ] && [ -f "$models/$m.swapnet" ] && [ "$models/.$m.split-checked" -nt "$models/$m.swapnet" ]; } || {
       "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
+      touch "$models/.$m.split-checked"
+    }
   done
 }
 # The storage table's budget for an image: 1/3 of its bytes, or its minimum budget when larger.

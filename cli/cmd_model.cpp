@@ -181,7 +181,10 @@ bool is_image(const std::string& path) {
 
 SkeletonOptions skeleton_options(const Common& c) {
   SkeletonOptions o;
-  if (!c.split_above.empty()) o.split_above = parse_size(c.split_above);
+  o.split_above = c.split_above.empty() ? kPackSplitAbove : parse_size(c.split_above);
+  if (o.split_above > (std::uint64_t{1} << 40)) {
+    throw Error("--split-above " + c.split_above + ": at most 1 TiB (0: never split)");
+  }
   return o;
 }
 

@@ -180,13 +180,18 @@ DeviceProfile measure_profile(const std::string& path, const Common& c, const Me
   // upsampling are bound by memory, not FLOPs). So the image's recorded times are compared by
   // their shape (scaled to this run's total: a machine running 20 % slower than when the
   // image was packed slows every layer alike, and that drift passes) and kept unless they are
-  // off by more than FLOPs are, and by more than 15 %: an image packed elsewhere.
-  if (total_image > 0 && total_now > 0) {
-    for (double& v : by_image) v *= total_now / total_image;
+  // off by more than FLOPs are, and by more than 15 %: an image packed elsewhere. The planner
+  // uses the recorded times as they are, so a scale beyond drift (more than a third either way:
+  // another machine) compares them unscaled, as they will be used.
+  const double scale = total_image > 0 && total_now > 0 ? total_now / total_image : 1.0;
+  const bool drift = scale >= 0.75 && scale <= 4.0 / 3.0;
+  if (drift) {
+    for (double& v : by_image) v *= scale;
   }
   p.exec_error_flops = median_rel_error(by_flops, meas);
   p.exec_error_measured = median_rel_error(by_image, meas);
-  p.exec_source = p.exec_error_measured <= std::max(p.exec_error_flops, 0.15) ? "measured" : "flops";
+  p.exec_source =
+      p.exec_error_measured <= (drift ? std::max(p.exec_error_flops, 0.15) : p.exec_error_flops) ? "measured" : "flops";
 
   // ---- calibration on whole swapped runs ----
   // Isolated reads miss what the pipeline adds per block (the compute thread waiting for the

@@ -14,7 +14,7 @@ namespace test_util {
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
 inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m,
-                        const SkeletonOptions& options = {}) {
+                        const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, {}}) {
   torch::manual_seed(1);
   at::Tensor x = torch::randn(shape);
   Skeleton sk = load_for_pack(model(name), {x}, options, m);  // as swapnet pack
@@ -24,7 +24,7 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
   // In a directory removed at exit: a test run packs in each of its ~200 test processes, and
   // leaving 59 MB each behind filled /tmp within a day of runs.
-  std::string path = process_temp_dir() + "/" + name + (options.split_above == SkeletonOptions{}.split_above ? "" : "-split" + std::to_string(options.split_above)) + ".swapnet";
+  std::string path = process_temp_dir() + "/" + name + (options.split_above == kPackSplitAbove ? "" : "-split" + std::to_string(options.split_above)) + ".swapnet";
   sk.pack(path, po);
   return path;
 }
@@ -41,7 +41,8 @@ struct Packed {
   std::string img;
   ImageInfo info;
 };
-inline Packed packed(const std::string& name, const std::vector<int64_t>& shape, const SkeletonOptions& options = {}) {
+inline Packed packed(const std::string& name, const std::vector<int64_t>& shape,
+                     const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, {}}) {
   Packed p;
   p.img = pack(name, shape, &p.m, options);
   Status s = read_image_info(p.img, &p.info);

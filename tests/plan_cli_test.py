@@ -66,11 +66,13 @@ def main() -> int:
         same_costs = j["profile"]["exec_source"] == "measured"  # else the plan spreads gamma * FLOPs
         expect(mb is not None and pb >= j["exec_ms"] - 1e-6 and (not same_costs or pb <= j["predicted_ms"] * 1.0001),
                f"bound {pb} vs exec {j['exec_ms']} and predicted {j['predicted_ms']}")
-        # Plans that keep a constant activation reserve: between the bound of any schedule and the
-        # planner's own prediction, and never below the least bytes any plan reads.
+        # Plans that keep a constant activation reserve: at or above the bound of any schedule, and
+        # never below the least bytes any plan reads. The plan lends the reserve to blocks where
+        # activations leave it, so its prediction may go below this bound (Note [Two bounds],
+        # docs/partitioner.md: seen 0.2-0.7 % below for vgg19 and yolov3), not below the other.
         least = j["min_read_bytes"] / (j["bound_device"]["read_mb_s"] * 1e3)
         rb = j["reserve_bound_ms"]
-        expect(rb >= pb - 1e-6 and rb >= least - 1e-6 and (not same_costs or rb <= j["predicted_ms"] * 1.0001),
+        expect(rb >= pb - 1e-6 and rb >= least - 1e-6,
                f"reserve bound {rb} vs bound {pb}, least reads {least}, predicted {j['predicted_ms']}")
         rate = j["bound_device"]["read_mb_s"] / 100
         rc2, out2, err2 = run(cli, "plan", img, "--budget", str(budget), "--profile", prof, "--json",

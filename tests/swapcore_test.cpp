@@ -74,6 +74,7 @@ TEST(Trace, WritesAChromeTraceAndCountsWhatItDropped) {
   trace_span(g, TraceLane::kReads, "read", 5, t0, t1, "bytes", 8192);  // overlaps the one before
   trace_instant(g, TraceLane::kCursor, "held: no room", 9);
   trace_counter(g, "weights held", 12345);
+  trace_span(g, TraceLane::kCompute, "never begun", -1, TraceClock::time_point{}, t1);  // no begin: not recorded
   trace_span(g, TraceLane::kDisk, "busy", -1, t0, t1);  // past the buffer
   trace_span(g, TraceLane::kDisk, "busy", -1, t0, t1);
   ASSERT_TRUE(trace_write(path).ok());
@@ -95,11 +96,23 @@ TEST(Trace, WritesAChromeTraceAndCountsWhatItDropped) {
       EXPECT_EQ(e["args"]["block"], 3);
       EXPECT_NEAR(e["dur"].get<double>(), 2000.0, 1.0);  // microseconds
     }
+    if (ph != "M") EXPECT_GE(e["ts"].get<double>(), 0.0) << "nothing before the trace began";
     if (ph == "C") EXPECT_EQ(e["args"]["value"], 12345);
   }
   EXPECT_EQ(group_name, "model \"a\".swapnet");
   EXPECT_EQ(seen, (std::map<std::string, int>{{"X layer 7", 1}, {"b read 4", 1}, {"e read 4", 1}, {"b read 5", 1},
                                               {"e read 5", 1}, {"i held: no room 9", 1}, {"C weights held", 1}}));
+  std::remove(path.c_str());
+  // A span begun before trace_start (a read issued before it) starts at the trace's origin.
+  const auto before = TraceClock::now();
+  trace_start(4);
+  trace_span(g, TraceLane::kReads, "read", 1, before - std::chrono::seconds(5), TraceClock::now(), "bytes", 4096);
+  ASSERT_TRUE(trace_write(path).ok());
+  std::ifstream in2(path);
+  const nlohmann::json j2 = nlohmann::json::parse(in2);
+  for (const auto& e : j2["traceEvents"]) {
+    if (e["ph"] == "b") EXPECT_EQ(e["ts"].get<double>(), 0.0) << e.dump();
+  }
   std::remove(path.c_str());
   trace_start(4);
   const Status bad = trace_write("/nonexistent-dir/trace.json");

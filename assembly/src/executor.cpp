@@ -1723,6 +1723,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.bound = false;
   m.cur_from_fetch = false;
   m.inference_t0 = TraceClock::now();
+  m.held_why = nullptr;  // Note [Tracing]: the first stop of every inference is traced
   if (m.ring && m.ring->lend() > 0 && !m.measuring) {
     // Note [Lending the activation reserve]: this thread's account (a Runtime model's), else the
     // executor's own, places the inference's activations in the ring's zone.

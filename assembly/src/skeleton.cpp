@@ -52,13 +52,15 @@
 // views of the parameter's rows (the first dimension: contiguous), named "W[a:b]", so each
 // part is a layer of its own ("classifier.0[0:192]"), read, run and freed a part at a time;
 // the cat and what follows run in the last part's layer. Parts are whole multiples of 64 rows
-// (the kernels' output-channel blocks stay aligned), at most split_above bytes each unless 64
-// rows are more. An output element is computed from the same inputs and weights by the same
-// kernel, in a call with fewer output channels: bit-identical where the kernel's reduction
-// order does not depend on the output channels -- so for oneDNN's convolutions and OpenBLAS's
-// GEMMs on every shape tried (conv 3x3 and 1x1, 64-2048 channels, 2-8 parts; linear 25088 x
-// 4096 in 2-16 parts), but promised by neither library, so load_for_pack() checks the example
-// input and packs without splitting where an output differs. The parts are no slower: the cat
+// (the kernels' output-channel blocks stay aligned; the last part takes what is left), at most
+// split_above bytes each unless 64 rows are more. An output element is computed from the same
+// inputs and weights by the same kernel, in a call with fewer output channels: bit-identical
+// where the kernel's choice and reduction order do not depend on the output channels. On this
+// project's CPUs that held for every part of 128 rows or more tried (conv 3x3 and 1x1, 64-2048
+// channels; linear 25088 x 4096 in 2-16 parts), not for a 64-row part of a 256 -> 512 stride-2
+// 3x3 convolution on a 4x4 map (oneDNN chose another kernel), and neither library promises it.
+// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU) and
+// keeps whole each layer whose parts differ. The parts are no slower: the cat
 // copies the output once, each part reorders its input again, and oneDNN reorders less weight
 // at once (fcn_resnet101's classifier.0: 53 ms whole, 45-47 ms in 2-4 parts; vgg19's fc6 27 ms
 // whole and in 8 parts).
@@ -381,6 +383,14 @@ void Skeleton::Impl::lift(const jit::Module& m) {
   }
 }
 
+// Rows of a split weight per part: whole multiples of 64 (the last part takes what is left), at
+// most `above` bytes unless 64 rows are more.
+static std::int64_t rows_per_part(const SlotInfo& w, std::uint64_t above) {
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(1, w.bytes / w.sizes[0]));
+  const std::uint64_t rows = above / row_bytes / 64 * 64;
+  return static_cast<std::int64_t>(std::max<std::uint64_t>(64, std::min<std::uint64_t>(rows, static_cast<std::uint64_t>(w.sizes[0]))));
+}
+
 void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::string>& keep_whole) {
   if (above == 0) return;
   auto is_none = [](Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
@@ -394,7 +404,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
     if (w == slot_of_input.end() || n->input(1)->uses().size() != 1) continue;
     const SlotInfo& W = slots[w->second];
     const at::Tensor& wt = bound[w->second];
-    if (W.bytes <= static_cast<std::int64_t>(above) || W.sizes.size() < 2 || !wt.is_contiguous() ||
+    if (static_cast<std::uint64_t>(W.bytes) <= above || W.sizes.size() < 2 || !wt.is_contiguous() ||
         !at::isFloatingType(W.dtype) || std::find(keep_whole.begin(), keep_whole.end(), W.name) != keep_whole.end()) {
       continue;
     }
@@ -411,9 +421,8 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
         continue;
       }
     }
-    const std::int64_t rows = W.sizes[0], row_bytes = W.bytes / rows;
-    const std::int64_t per = std::max<std::int64_t>(64, static_cast<std::int64_t>(above) / row_bytes / 64 * 64);
-    if (per >= rows) continue;
+    const std::int64_t rows = W.sizes[0];
+    if (rows_per_part(W, above) >= rows) continue;
     todo.push_back(n);
   }
   for (Node* n : todo) {
@@ -422,8 +431,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
     Value* b_in = n->input(2);
     const int w = slot_of_input.at(w_in);
     const int b = is_none(b_in) ? -1 : slot_of_input.at(b_in);
-    const std::int64_t rows = slots[w].sizes[0], row_bytes = slots[w].bytes / rows;
-    const std::int64_t per = std::max<std::int64_t>(64, static_cast<std::int64_t>(above) / row_bytes / 64 * 64);
+    const std::int64_t rows = slots[w].sizes[0], per = rows_per_part(slots[w], above);
     jit::WithInsertPoint guard(n);
     std::vector<Value*> parts;
     // A view of rows [a, a + len) of slot s as a new slot read by a new graph input.
@@ -597,7 +605,7 @@ void Skeleton::Impl::cut() {
       }
     }
     std::string prefix = common_module_prefix(names);
-    if (prefix.empty() && !names.empty()) prefix = names.front();
+    if (prefix.empty() && !names.empty()) prefix = names.front().substr(0, names.front().size() - rows.size());
     if (prefix.empty()) prefix = L.ops.empty() ? "(empty)" : L.ops.front();
     L.name = prefix + rows;
   }
@@ -812,6 +820,12 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   }
   auto differs = [&](const Skeleton& s) { return !compare_outputs(expected, s.forward(clones())).equal; };
   if (!differs(sk)) return sk;
+  SkeletonOptions none = options;
+  none.split_above = 0;
+  Skeleton whole_sk = Skeleton::from_module(m, path, none);
+  // The layers differing from forward without any part (a forward that is not deterministic):
+  // nothing to blame the parts for, and verify says what differs.
+  if (differs(whole_sk)) return whole_sk;
   // One at a time: the layers whose parts differ stay whole.
   const std::vector<std::string> split = sk.split_weights();
   SkeletonOptions keep = options;
@@ -828,8 +842,7 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   if (kept.split_layers() > 0 && differs(kept)) {
     log(LogLevel::kWarn, path + ": layers computed in parts along their output channels differ from forward on this "
                                 "machine; packed without splitting any");
-    keep.split_above = 0;
-    return Skeleton::from_module(m, path, keep);
+    return whole_sk;
   }
   log(LogLevel::kWarn, path + ": " + std::to_string(split.size() - static_cast<size_t>(kept.split_layers())) + " of " +
                            std::to_string(split.size()) + " large layers differ from forward on this machine when "

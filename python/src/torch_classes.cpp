@@ -35,7 +35,9 @@ namespace {
 std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
   return guarded([&] {
     auto inputs = to_inputs(list);
-    Skeleton sk = load_for_pack(model, inputs);
+    SkeletonOptions so;
+    so.split_above = kPackSplitAbove;  // as swapnet pack
+    Skeleton sk = load_for_pack(model, inputs, so);
     try {
       sk.profile(inputs, ProfileOptions{1, 3});
     } catch (const Error& e) {

@@ -20,6 +20,7 @@
 //  - One mutex: events come from the executing threads and the reader threads; a few hundred
 //    per inference, so it is not contended enough to matter next to a layer.
 //  - Times are steady_clock, written in microseconds from trace_start().
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -74,8 +75,9 @@ void record(Event e, TraceClock::time_point t0, TraceClock::time_point t1) noexc
     ++t.dropped;
     return;
   }
-  e.t0 = ns(t0, t.origin);
-  e.t1 = ns(t1, t.origin);
+  // A span that began before trace_start() (a read issued before it) starts at the origin.
+  e.t0 = std::max<std::int64_t>(0, ns(t0, t.origin));
+  e.t1 = std::max(e.t0, ns(t1, t.origin));
   t.events.push_back(e);
 }
 
@@ -136,7 +138,8 @@ std::uint32_t trace_group(const std::string& name) {
 
 void trace_span(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num, TraceClock::time_point begin,
                 TraceClock::time_point end, const char* arg, std::int64_t value) noexcept {
-  if (tracing()) record(Event{0, 0, name, arg, num, value, group, lane, 'X'}, begin, end);
+  // A begin never set (taken while tracing was off): no span.
+  if (tracing() && begin != TraceClock::time_point{}) record(Event{0, 0, name, arg, num, value, group, lane, 'X'}, begin, end);
 }
 
 void trace_instant(std::uint32_t group, TraceLane lane, const char* name, std::int64_t num, const char* arg,
@@ -230,10 +233,13 @@ Status trace_write(const std::string& path) {
     }
   }
   std::fputs("\n]}\n", f);
+  errno = 0;
   const bool bad = std::ferror(f) != 0;
-  const int e = errno;
-  if (std::fclose(f) != 0 || bad) {
-    return Status::error(e ? e : EIO, path + ": writing the trace failed: " + std::strerror(e ? e : EIO));
+  const int write_errno = errno;
+  const bool closed = std::fclose(f) == 0;
+  const int e = !closed && errno != 0 ? errno : write_errno != 0 ? write_errno : EIO;
+  if (bad || !closed) {
+    return Status::error(e, path + ": writing the trace failed: " + std::strerror(e) + " (" + errno_name(e) + ")");
   }
   return Status();
 }

@@ -3,13 +3,15 @@
 //
 // A Skeleton is built once per model, generally, for any TorchScript module whose forward is a
 // data-flow graph (see Note [Layered skeleton] in assembly/src/skeleton.cpp):
-//  - every parameter, buffer and tensor attribute becomes a *slot* with a fixed index;
-//    non-tensor attributes become constants;
+//  - every parameter, buffer and tensor attribute becomes a *slot* with a fixed index (with
+//    SkeletonOptions::split_above, a large weight becomes one slot per part of its rows: Note
+//    [Splitting large layers]); non-tensor attributes become constants;
 //  - the inlined forward graph is cut into *layers*: runs of consecutive nodes holding at most
 //    one node that reads slots (a convolution, a linear, a batch norm, a whole prim::If/Loop that
 //    uses weights), so a layer is the smallest unit a block can be made of;
 //  - each layer is compiled into its own graph whose inputs are the activations crossing into
-//    it and its slots, so running the layers in order is running forward, bit for bit.
+//    it and its slots, so running the layers in order is running forward, bit for bit (layers
+//    split in parts: where load_for_pack checked it).
 //
 // Slots are plain at::Tensor handles: bind_slot() points one at other memory (a view of a
 // fetched block) without copying, unbind_slot() drops it. Layers read whatever is bound.
@@ -90,14 +92,18 @@ struct SkeletonOptions {
   // computed in parts of at most this size along its output channels, their outputs joined with
   // aten::cat (Note [Splitting large layers] in skeleton.cpp): each part is a layer of its own,
   // read, held and given back a part at a time, so no budget needs room for the whole layer
-  // (vgg19's fc6 is 392 MiB) and the disk reads on while a part computes. 0: never split.
-  // Bit-identical on the CPUs measured but not by construction: load_for_pack() checks the
-  // example input and builds without splitting where any output differs.
-  std::uint64_t split_above = std::uint64_t{16} << 20;  // bytes
+  // (vgg19's fc6 is 392 MiB) and the disk reads on while a part computes. 0 (the default for
+  // Skeleton::load): never split; `swapnet pack` and the Python package split above
+  // kPackSplitAbove. Not bit-identical by construction: load_for_pack() checks the example
+  // input and keeps whole the layers whose parts differ.
+  std::uint64_t split_above = 0;  // bytes
   // Weights (qualified names, "classifier.0.weight") whose layers stay whole whatever their size:
   // those load_for_pack() found to differ in parts.
   std::vector<std::string> keep_whole;
 };
+
+// What `swapnet pack` (and swapnet.pack, and the preload's pack) split layers above.
+constexpr std::uint64_t kPackSplitAbove = std::uint64_t{16} << 20;  // bytes
 
 // The layered skeleton of one module. Not copyable; movable. Running it is not thread-safe
 // (one inference at a time per Skeleton).

@@ -97,6 +97,8 @@ SWAPNET_API std::string errno_name(int err);
 // mutex and a copy into a buffer allocated at start (no allocation while tracing, so the CPU
 // meter's accounting of activations is unchanged). Events past the buffer are dropped and
 // counted in the file. `swapnet run --trace FILE` and `swapnet serve --trace FILE` write one.
+// Start it before Executor::open: an executor opened while tracing takes a group of its own
+// (trace_group), one opened before records into group 0 with the application's events.
 
 // Where an event is drawn: lanes are tracks of one group (an executor: its layers, waits,
 // reads and memory), groups are processes in the viewer.
