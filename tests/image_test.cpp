@@ -562,9 +562,12 @@ TEST_P(Reader, CancelStopsAReadAndLeavesTheOthers) {
   std::unique_ptr<BlockReader> r;
   ReaderOptions o = options();
   std::atomic<int> slow{0};
+  // Keep the first read going: its 24 pieces take >= 48 ms, the window in which this thread must
+  // reach cancel() after submitting. 200 us each (5 ms) was lost once in a CI run at -j2, this
+  // thread descheduled that long between submit() and cancel().
   o.fault = [&](std::uint64_t, std::size_t, long res) {
     slow++;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // keep the first read going
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return res;
   };
   ASSERT_TRUE(BlockReader::open(path_, o, &r).ok());
