@@ -7,19 +7,19 @@ out=${SWAPNET_RESULTS:-$repo/bench/results}
 mkdir -p "$out"
 declare -A shape=([resnet101]=1,3,224,224 [vgg19]=1,3,224,224 [fcn_resnet101]=1,3,224,224 [yolov3]=1,3,416,416)
 # Exports the paper models (if missing) and packs each into its swap image (if missing, packed
-# by a build before image format 5, whose activation figures are the bytes live alone, or before
-# large layers were computed in parts: a layer above 16 MiB, Note [Splitting large layers]).
+# by a build before image format 5, whose activation figures are the bytes live alone, or not
+# yet by this script since large layers are computed in parts of 4 MiB: the stamp file
+# .MODEL.parts-4MiB, Note [Splitting large layers]).
 pack_paper_models() {
   bash "$repo/scripts/models.sh" paper >/dev/null
-  local m v
+  local m v stamp
   for m in resnet101 vgg19 fcn_resnet101 yolov3; do
-    v=0
+    v=0 stamp=$models/.$m.parts-4MiB
     [ -f "$models/$m.swapnet" ] && v=$("$cli" inspect "$models/$m.swapnet" --json 2>/dev/null |
-      /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); big=max(l["bytes"] for l in j["layers"]) > (16 << 20) + 4096; print(0 if big else j.get("format_version", 0))' || echo 0)
-    # A large layer pack kept whole (its parts differ from forward on this CPU) asks once only.
-    [ "$v" -ge 5 ] || { [ "$v" = 0 ] && [ -f "$models/$m.swapnet" ] && [ "$models/.$m.split-checked" -nt "$models/$m.swapnet" ]; } || {
+      /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin).get("format_version", 0))' || echo 0)
+    [ "$v" -ge 5 ] && [ "$stamp" -nt "$models/$m.swapnet" ] || {
       "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
-      touch "$models/.$m.split-checked"
+      touch "$stamp"
     }
   done
 }

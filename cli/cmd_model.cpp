@@ -185,6 +185,10 @@ SkeletonOptions skeleton_options(const Common& c) {
   if (o.split_above > (std::uint64_t{1} << 40)) {
     throw Error("--split-above " + c.split_above + ": at most 1 TiB (0: never split)");
   }
+  o.split_part = c.split_part.empty() ? kPackSplitPart : parse_size(c.split_part);
+  if (o.split_part > (std::uint64_t{1} << 40)) {
+    throw Error("--split-part " + c.split_part + ": at most 1 TiB (0: as --split-above)");
+  }
   return o;
 }
 

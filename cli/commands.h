@@ -27,6 +27,7 @@ struct Common {
   // --split-above SIZE (inspect, verify, pack of a .pt): SkeletonOptions::split_above; empty: its
   // default (Note [Splitting large layers] in assembly/src/skeleton.cpp).
   std::string split_above;
+  std::string split_part;  // --split-part SIZE: SkeletonOptions::split_part; empty: its default
 };
 
 void apply_common(const Common& c);  // log level and thread count

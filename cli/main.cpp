@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
   inspect->add_option("--split-above", common.split_above,
                   "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
                   "their output channels, each a layer of its own");
+  inspect->add_option("--split-part", common.split_part,
+                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
 
   auto* verify = app.add_subcommand("verify", "check that the layer-by-layer run equals forward bit for bit");
   verify->add_option("model", model, "TorchScript file (.pt)")->required();
@@ -69,6 +71,8 @@ int main(int argc, char** argv) {
   verify->add_option("--split-above", common.split_above,
                   "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
                   "their output channels, each a layer of its own");
+  verify->add_option("--split-part", common.split_part,
+                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
 
   auto* pack = app.add_subcommand("pack", "write a model's swap image (one aligned file, layer by layer)");
   pack->add_option("model", model, "TorchScript file (.pt)")->required();
@@ -77,6 +81,8 @@ int main(int argc, char** argv) {
   pack->add_option("--split-above", common.split_above,
                   "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
                   "their output channels, each a layer of its own");
+  pack->add_option("--split-part", common.split_part,
+                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
   std::vector<std::string> pack_profiles;
   pack->add_option("--input-profile", pack_profiles,
                    "more inputs to measure activations for, the specs of one forward call separated by spaces "

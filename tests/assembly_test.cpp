@@ -128,6 +128,44 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_pair(std::string("squeezenet1_1"), std::vector<int64_t>{1, 3, 64, 64})),
     [](const auto& info) { return info.param.first; });
 
+// SkeletonOptions::split_part: the layers above split_above, and only those, in parts of at most
+// split_part (or 64 rows); load_for_pack still gives forward's outputs (with parts of
+// split_above where the smaller parts differ on this machine).
+TEST(SplitModels, PartsSmallerThanTheThreshold) {
+  torch::jit::Module m;
+  SkeletonOptions coarse;
+  coarse.split_above = 4 << 20;  // resnet18's layer4 convolutions (4.7 and 9.4 MB)
+  SkeletonOptions fine = coarse;
+  fine.split_part = 2 << 20;
+  Skeleton c = Skeleton::load(model("resnet18"), nullptr, coarse);
+  Skeleton f = Skeleton::load(model("resnet18"), &m, fine);
+  EXPECT_EQ(f.split_weights(), c.split_weights());
+  ASSERT_EQ(f.split_layers(), 4);
+  EXPECT_GT(f.split_parts(), c.split_parts());
+  for (const auto& s : f.slots()) {
+    if (s.name.back() != ']' || s.sizes.size() < 2) continue;
+    EXPECT_TRUE(s.bytes <= static_cast<std::int64_t>(fine.split_part) || s.sizes[0] <= 64) << s.name << " " << s.bytes;
+  }
+  SkeletonOptions larger = coarse;  // a part larger than the threshold is the threshold
+  larger.split_part = 64 << 20;
+  EXPECT_EQ(Skeleton::load(model("resnet18"), nullptr, larger).split_parts(), c.split_parts());
+  torch::manual_seed(6);
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    expected = m.forward({x.clone()});
+  }
+  for (std::uint64_t part : {std::uint64_t{2} << 20, std::uint64_t{1}}) {  // 1 byte: 64-row parts, some differ
+    SkeletonOptions o = coarse;
+    o.split_part = part;
+    Skeleton packed = load_for_pack(model("resnet18"), {x}, o);
+    Comparison cmp = compare_outputs(expected, packed.forward({x.clone()}));
+    EXPECT_TRUE(cmp.equal) << part << ": " << cmp.difference;
+    EXPECT_EQ(packed.total_bytes(), c.total_bytes());
+  }
+}
+
 TEST(Skeleton, Resnet18HasConvSizedLayers) {
   Skeleton sk = load("resnet18");
   // 20 convolutions, 20 batch norms, 1 linear: one weighted node per layer.

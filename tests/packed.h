@@ -14,7 +14,7 @@ namespace test_util {
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
 inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m,
-                        const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, {}}) {
+                        const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, kPackSplitPart, {}}) {
   torch::manual_seed(1);
   at::Tensor x = torch::randn(shape);
   Skeleton sk = load_for_pack(model(name), {x}, options, m);  // as swapnet pack
@@ -42,7 +42,7 @@ struct Packed {
   ImageInfo info;
 };
 inline Packed packed(const std::string& name, const std::vector<int64_t>& shape,
-                     const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, {}}) {
+                     const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, kPackSplitPart, {}}) {
   Packed p;
   p.img = pack(name, shape, &p.m, options);
   Status s = read_image_info(p.img, &p.info);

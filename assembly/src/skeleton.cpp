@@ -53,14 +53,16 @@
 // part is a layer of its own ("classifier.0[0:192]"), read, run and freed a part at a time;
 // the cat and what follows run in the last part's layer. Parts are whole multiples of 64 rows
 // (the kernels' output-channel blocks stay aligned; the last part takes what is left), at most
-// split_above bytes each unless 64 rows are more. An output element is computed from the same
+// SkeletonOptions::split_part bytes each (pack: 4 MiB, a quarter of its threshold, so that the
+// ring holds several and the disk reads on while one computes) unless 64 rows are more. An output element is computed from the same
 // inputs and weights by the same kernel, in a call with fewer output channels: bit-identical
 // where the kernel's choice and reduction order do not depend on the output channels. On this
 // project's CPUs that held for every part of 128 rows or more tried (conv 3x3 and 1x1, 64-2048
 // channels; linear 25088 x 4096 in 2-16 parts), not for a 64-row part of a 256 -> 512 stride-2
 // 3x3 convolution on a 4x4 map (oneDNN chose another kernel), and neither library promises it.
-// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU) and
-// keeps whole each layer whose parts differ. The parts are no slower: the cat
+// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU),
+// falls back from split_part to split_above-sized parts, and keeps whole each layer whose parts
+// differ. The parts are no slower: the cat
 // copies the output once, each part reorders its input again, and oneDNN reorders less weight
 // at once (fcn_resnet101's classifier.0: 53 ms whole, 45-47 ms in 2-4 parts; vgg19's fc6 27 ms
 // whole and in 8 parts).
@@ -226,7 +228,7 @@ struct Skeleton::Impl {
 
   void collect_slots(const jit::Module& m);
   void lift(const jit::Module& m);
-  void split_large(std::uint64_t above, const std::vector<std::string>& keep_whole);
+  void split_large(std::uint64_t above, std::uint64_t part, const std::vector<std::string>& keep_whole);
   void reorder_slots(const std::vector<int>& order);
   void cut();
   void renumber_slots();
@@ -391,8 +393,9 @@ static std::int64_t rows_per_part(const SlotInfo& w, std::uint64_t above) {
   return static_cast<std::int64_t>(std::max<std::uint64_t>(64, std::min<std::uint64_t>(rows, static_cast<std::uint64_t>(w.sizes[0]))));
 }
 
-void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::string>& keep_whole) {
+void Skeleton::Impl::split_large(std::uint64_t above, std::uint64_t part, const std::vector<std::string>& keep_whole) {
   if (above == 0) return;
+  if (part == 0 || part > above) part = above;
   auto is_none = [](Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
   std::vector<char> replaced(slots.size(), 0);
   std::vector<Node*> todo;
@@ -422,7 +425,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
       }
     }
     const std::int64_t rows = W.sizes[0];
-    if (rows_per_part(W, above) >= rows) continue;
+    if (rows_per_part(W, part) >= rows) continue;
     todo.push_back(n);
   }
   for (Node* n : todo) {
@@ -431,7 +434,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, const std::vector<std::str
     Value* b_in = n->input(2);
     const int w = slot_of_input.at(w_in);
     const int b = is_none(b_in) ? -1 : slot_of_input.at(b_in);
-    const std::int64_t rows = slots[w].sizes[0], per = rows_per_part(slots[w], above);
+    const std::int64_t rows = slots[w].sizes[0], per = rows_per_part(slots[w], part);
     jit::WithInsertPoint guard(n);
     std::vector<Value*> parts;
     // A view of rows [a, a + len) of slot s as a new slot read by a new graph input.
@@ -820,6 +823,15 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   }
   auto differs = [&](const Skeleton& s) { return !compare_outputs(expected, s.forward(clones())).equal; };
   if (!differs(sk)) return sk;
+  // Parts smaller than split_above differ (oneDNN picks another kernel for few output
+  // channels): the parts of split_above as before, checked the same way.
+  if (options.split_part != 0 && options.split_part < options.split_above) {
+    SkeletonOptions coarse = options;
+    coarse.split_part = 0;
+    log(LogLevel::kWarn, path + ": layers computed in parts of " + format_bytes(options.split_part) +
+                             " differ from forward on this machine; trying parts of " + format_bytes(options.split_above));
+    return load_for_pack(path, inputs, coarse, module);
+  }
   SkeletonOptions none = options;
   none.split_above = 0;
   Skeleton whole_sk = Skeleton::from_module(m, path, none);
@@ -863,7 +875,7 @@ Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::stri
   try {
     impl->collect_slots(m);
     impl->lift(m);
-    impl->split_large(options.split_above, options.keep_whole);
+    impl->split_large(options.split_above, options.split_part, options.keep_whole);
     impl->cut();
     impl->renumber_slots();
     impl->assign_ids();

@@ -37,6 +37,7 @@ std::string pack(const std::string& model, const std::string& image, const c10::
     auto inputs = to_inputs(list);
     SkeletonOptions so;
     so.split_above = kPackSplitAbove;  // as swapnet pack
+    so.split_part = kPackSplitPart;
     Skeleton sk = load_for_pack(model, inputs, so);
     try {
       sk.profile(inputs, ProfileOptions{1, 3});
