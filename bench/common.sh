@@ -24,17 +24,20 @@ pack_paper_models() {
       # this VM an episode once made vgg19's and yolov3's first layers 2-5 x slower for those
       # seconds only (predictions then 24-78 % off). Packed again when they add up to more than
       # 1.2 x direct inference's median, or less than 0.8 x.
-      local try
+      local try rc
       for try in 1 2; do
-        /usr/bin/python3 - "$cli" "$models/$m.swapnet" "${shape[$m]}" <<'PY' && break
+        rc=0
+        /usr/bin/python3 - "$cli" "$models/$m.swapnet" "${shape[$m]}" <<'PY' || rc=$?
 import json, subprocess, sys
 cli, img, shape = sys.argv[1:]
 layers = sum(l["time_ms"] for l in json.loads(subprocess.check_output([cli, "inspect", img, "--json"]))["layers"])
 direct = json.loads(subprocess.check_output([cli, "run", img, "--mode", "direct", "--iters", "3", "--input-shape", shape, "--json"]))["latency_ms"]["median"]
 ok = 0.8 <= layers / direct <= 1.2
 print(f"bench: {img}: layer times add up to {layers:.1f} ms, direct inference {direct:.1f} ms" + ("" if ok else ": packing again"), file=sys.stderr)
-sys.exit(0 if ok else 1)
+sys.exit(0 if ok else 3)
 PY
+        [ "$rc" = 0 ] && break
+        [ "$rc" = 3 ] || return "$rc"  # inspect or run failed: say so, do not pack again
         "$cli" pack "$models/$m.pt" -o "$models/$m.swapnet" --input-shape "${shape[$m]}" >/dev/null
         touch "$stamp"
       done

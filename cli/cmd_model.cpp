@@ -186,8 +186,9 @@ SkeletonOptions skeleton_options(const Common& c) {
     throw Error("--split-above " + c.split_above + ": at most 1 TiB (0: never split)");
   }
   o.split_part = c.split_part.empty() ? kPackSplitPart : parse_size(c.split_part);
-  if (o.split_part > (std::uint64_t{1} << 40)) {
-    throw Error("--split-part " + c.split_part + ": at most 1 TiB (0: as --split-above)");
+  if (!c.split_part.empty() && o.split_part > o.split_above) {
+    throw Error("--split-part " + c.split_part + ": at most --split-above (" +
+                (o.split_above == 0 ? std::string("0: nothing is split") : format_bytes(o.split_above)) + "); 0: as --split-above");
   }
   return o;
 }

@@ -24,7 +24,7 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
   // In a directory removed at exit: a test run packs in each of its ~200 test processes, and
   // leaving 59 MB each behind filled /tmp within a day of runs.
-  std::string path = process_temp_dir() + "/" + name + (options.split_above == kPackSplitAbove ? "" : "-split" + std::to_string(options.split_above)) + ".swapnet";
+  std::string path = process_temp_dir() + "/" + name + (options.split_above == kPackSplitAbove && options.split_part == kPackSplitPart ? "" : "-split" + std::to_string(options.split_above) + "-" + std::to_string(options.split_part)) + ".swapnet";
   sk.pack(path, po);
   return path;
 }

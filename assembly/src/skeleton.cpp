@@ -60,9 +60,9 @@
 // project's CPUs that held for every part of 128 rows or more tried (conv 3x3 and 1x1, 64-2048
 // channels; linear 25088 x 4096 in 2-16 parts), not for a 64-row part of a 256 -> 512 stride-2
 // 3x3 convolution on a 4x4 map (oneDNN chose another kernel), and neither library promises it.
-// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU),
-// falls back from split_part to split_above-sized parts, and keeps whole each layer whose parts
-// differ. The parts are no slower: the cat
+// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU);
+// each layer whose parts differ is tried in parts of split_above, and kept whole if those differ
+// too. The parts are no slower: the cat
 // copies the output once, each part reorders its input again, and oneDNN reorders less weight
 // at once (fcn_resnet101's classifier.0: 53 ms whole, 45-47 ms in 2-4 parts; vgg19's fc6 27 ms
 // whole and in 8 parts).
@@ -228,7 +228,7 @@ struct Skeleton::Impl {
 
   void collect_slots(const jit::Module& m);
   void lift(const jit::Module& m);
-  void split_large(std::uint64_t above, std::uint64_t part, const std::vector<std::string>& keep_whole);
+  void split_large(const SkeletonOptions& options);
   void reorder_slots(const std::vector<int>& order);
   void cut();
   void renumber_slots();
@@ -393,9 +393,16 @@ static std::int64_t rows_per_part(const SlotInfo& w, std::uint64_t above) {
   return static_cast<std::int64_t>(std::max<std::uint64_t>(64, std::min<std::uint64_t>(rows, static_cast<std::uint64_t>(w.sizes[0]))));
 }
 
-void Skeleton::Impl::split_large(std::uint64_t above, std::uint64_t part, const std::vector<std::string>& keep_whole) {
+void Skeleton::Impl::split_large(const SkeletonOptions& options) {
+  const std::uint64_t above = options.split_above;
   if (above == 0) return;
-  if (part == 0 || part > above) part = above;
+  const std::vector<std::string>& keep_whole = options.keep_whole;
+  // The most bytes of a part of weight `name`: split_part, or split_above for coarse_parts.
+  auto part_of_weight = [&](const std::string& name) {
+    const auto& c = options.coarse_parts;
+    const bool coarse = std::find(c.begin(), c.end(), name) != c.end();
+    return options.split_part == 0 || options.split_part > above || coarse ? above : options.split_part;
+  };
   auto is_none = [](Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
   std::vector<char> replaced(slots.size(), 0);
   std::vector<Node*> todo;
@@ -425,7 +432,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, std::uint64_t part, const 
       }
     }
     const std::int64_t rows = W.sizes[0];
-    if (rows_per_part(W, part) >= rows) continue;
+    if (rows_per_part(W, part_of_weight(W.name)) >= rows) continue;
     todo.push_back(n);
   }
   for (Node* n : todo) {
@@ -434,7 +441,7 @@ void Skeleton::Impl::split_large(std::uint64_t above, std::uint64_t part, const 
     Value* b_in = n->input(2);
     const int w = slot_of_input.at(w_in);
     const int b = is_none(b_in) ? -1 : slot_of_input.at(b_in);
-    const std::int64_t rows = slots[w].sizes[0], per = rows_per_part(slots[w], part);
+    const std::int64_t rows = slots[w].sizes[0], per = rows_per_part(slots[w], part_of_weight(slots[w].name));
     jit::WithInsertPoint guard(n);
     std::vector<Value*> parts;
     // A view of rows [a, a + len) of slot s as a new slot read by a new graph input.
@@ -823,42 +830,56 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   }
   auto differs = [&](const Skeleton& s) { return !compare_outputs(expected, s.forward(clones())).equal; };
   if (!differs(sk)) return sk;
-  // Parts smaller than split_above differ (oneDNN picks another kernel for few output
-  // channels): the parts of split_above as before, checked the same way.
-  if (options.split_part != 0 && options.split_part < options.split_above) {
-    SkeletonOptions coarse = options;
-    coarse.split_part = 0;
-    log(LogLevel::kWarn, path + ": layers computed in parts of " + format_bytes(options.split_part) +
-                             " differ from forward on this machine; trying parts of " + format_bytes(options.split_above));
-    return load_for_pack(path, inputs, coarse, module);
-  }
   SkeletonOptions none = options;
   none.split_above = 0;
   Skeleton whole_sk = Skeleton::from_module(m, path, none);
   // The layers differing from forward without any part (a forward that is not deterministic):
   // nothing to blame the parts for, and verify says what differs.
   if (differs(whole_sk)) return whole_sk;
-  // One at a time: the layers whose parts differ stay whole.
+  // One at a time, the others whole: a layer whose parts of split_part differ is tried in parts
+  // of split_above (fewer output channels make oneDNN pick other kernels), and stays whole if
+  // those differ too.
   const std::vector<std::string> split = sk.split_weights();
+  const bool finer = options.split_part != 0 && options.split_part < options.split_above;
   SkeletonOptions keep = options;
+  std::string coarse, whole;
+  auto add = [](std::string& list, const std::string& name) { list += (list.empty() ? "" : ", ") + name; };
   for (const auto& name : split) {
     SkeletonOptions one = options;
     for (const auto& other : split) {
       if (other != name) one.keep_whole.push_back(other);
     }
-    if (differs(Skeleton::from_module(m, path, one))) keep.keep_whole.push_back(name);
+    if (!differs(Skeleton::from_module(m, path, one))) continue;
+    one.coarse_parts.push_back(name);
+    bool coarse_ok = false;
+    if (finer) {
+      Skeleton c = Skeleton::from_module(m, path, one);
+      coarse_ok = c.split_layers() > 0 && !differs(c);
+    }
+    if (coarse_ok) {
+      keep.coarse_parts.push_back(name);
+      add(coarse, name);
+    } else {
+      keep.keep_whole.push_back(name);
+      add(whole, name);
+    }
   }
-  std::string whole;
-  for (size_t i = options.keep_whole.size(); i < keep.keep_whole.size(); ++i) whole += (whole.empty() ? "" : ", ") + keep.keep_whole[i];
   Skeleton kept = Skeleton::from_module(m, path, keep);
   if (kept.split_layers() > 0 && differs(kept)) {
     log(LogLevel::kWarn, path + ": layers computed in parts along their output channels differ from forward on this "
                                 "machine; packed without splitting any");
     return whole_sk;
   }
-  log(LogLevel::kWarn, path + ": " + std::to_string(split.size() - static_cast<size_t>(kept.split_layers())) + " of " +
-                           std::to_string(split.size()) + " large layers differ from forward on this machine when "
-                           "computed in parts, and stay whole: " + whole);
+  if (!coarse.empty()) {
+    log(LogLevel::kWarn, path + ": large layers differ from forward on this machine in parts of " +
+                             format_bytes(options.split_part) + ", and are computed in parts of " +
+                             format_bytes(options.split_above) + ": " + coarse);
+  }
+  if (!whole.empty()) {
+    log(LogLevel::kWarn, path + ": " + std::to_string(split.size() - static_cast<size_t>(kept.split_layers())) + " of " +
+                             std::to_string(split.size()) + " large layers differ from forward on this machine when "
+                             "computed in parts, and stay whole: " + whole);
+  }
   return kept;
 }
 
@@ -875,7 +896,7 @@ Skeleton Skeleton::from_module(const torch::jit::Module& module, const std::stri
   try {
     impl->collect_slots(m);
     impl->lift(m);
-    impl->split_large(options.split_above, options.split_part, options.keep_whole);
+    impl->split_large(options);
     impl->cut();
     impl->renumber_slots();
     impl->assign_ids();

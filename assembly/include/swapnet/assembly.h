@@ -89,7 +89,7 @@ struct PackOptions {
 // How a module is cut into layers.
 struct SkeletonOptions {
   // A convolution (groups 1) or linear layer whose weight is larger than this many bytes is
-  // computed in parts of at most this size along its output channels, their outputs joined with
+  // computed in parts (of split_part, below) along its output channels, their outputs joined with
   // aten::cat (Note [Splitting large layers] in skeleton.cpp): each part is a layer of its own,
   // read, held and given back a part at a time, so no budget needs room for the whole layer
   // (vgg19's fc6 is 392 MiB) and the disk reads on while a part computes. 0 (the default for
@@ -105,6 +105,9 @@ struct SkeletonOptions {
   // Weights (qualified names, "classifier.0.weight") whose layers stay whole whatever their size:
   // those load_for_pack() found to differ in parts.
   std::vector<std::string> keep_whole;
+  // Weights split in parts of split_above instead of split_part: those load_for_pack() found to
+  // differ in parts of split_part only.
+  std::vector<std::string> coarse_parts;
 };
 
 // What `swapnet pack` (and swapnet.pack, and the preload's pack) split layers above.
@@ -200,8 +203,10 @@ class SWAPNET_API Skeleton {
 
 // Loads `path` to pack it with `inputs` as the example: the skeleton with large layers split
 // (options.split_above) where that keeps its outputs for `inputs` bit-identical to the module's
-// forward. When they differ, each split layer is tried alone, and those that differ stay whole
-// (said in the log, naming them; nothing is split if the rest still differs). `module` receives
+// forward. When they differ, each split layer is tried alone: one whose parts of split_part
+// differ is tried in parts of split_above (SkeletonOptions::coarse_parts), and stays whole if
+// those differ too (said in the log, naming them; nothing is split if the rest still differs).
+// `module` receives
 // the module, as for Skeleton::load.
 SWAPNET_API Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& inputs,
                                    const SkeletonOptions& options = {}, torch::jit::Module* module = nullptr);
