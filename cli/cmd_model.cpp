@@ -180,12 +180,12 @@ bool is_image(const std::string& path) {
 }
 
 SkeletonOptions skeleton_options(const Common& c) {
-  SkeletonOptions o;
-  o.split_above = c.split_above.empty() ? kPackSplitAbove : parse_size(c.split_above);
+  SkeletonOptions o = pack_skeleton_options();
+  if (!c.split_above.empty()) o.split_above = parse_size(c.split_above);
   if (o.split_above > (std::uint64_t{1} << 40)) {
     throw Error("--split-above " + c.split_above + ": at most 1 TiB (0: never split)");
   }
-  o.split_part = c.split_part.empty() ? kPackSplitPart : parse_size(c.split_part);
+  if (!c.split_part.empty()) o.split_part = parse_size(c.split_part);
   if (!c.split_part.empty() && o.split_part > o.split_above) {
     throw Error("--split-part " + c.split_part + ": at most --split-above (" +
                 (o.split_above == 0 ? std::string("0: nothing is split") : format_bytes(o.split_above)) + "); 0: as --split-above");

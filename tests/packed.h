@@ -14,7 +14,7 @@ namespace test_util {
 
 // Packs a model (with its activation peak measured, as `swapnet pack` does) into a temp image.
 inline std::string pack(const std::string& name, const std::vector<int64_t>& shape, torch::jit::Module* m,
-                        const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, kPackSplitPart, {}}) {
+                        const SkeletonOptions& options = pack_skeleton_options()) {
   torch::manual_seed(1);
   at::Tensor x = torch::randn(shape);
   Skeleton sk = load_for_pack(model(name), {x}, options, m);  // as swapnet pack
@@ -24,7 +24,9 @@ inline std::string pack(const std::string& name, const std::vector<int64_t>& sha
   po.input_profiles.push_back(InputProfile{po.activation_bytes, describe_inputs({x})});
   // In a directory removed at exit: a test run packs in each of its ~200 test processes, and
   // leaving 59 MB each behind filled /tmp within a day of runs.
-  std::string path = process_temp_dir() + "/" + name + (options.split_above == kPackSplitAbove && options.split_part == kPackSplitPart ? "" : "-split" + std::to_string(options.split_above) + "-" + std::to_string(options.split_part)) + ".swapnet";
+  std::string path = process_temp_dir() + "/" + name + (options.split_above == kPackSplitAbove && options.split_part == kPackSplitPart
+                             ? ""
+                             : "-split" + std::to_string(options.split_above) + "-" + std::to_string(options.split_part)) + ".swapnet";
   sk.pack(path, po);
   return path;
 }
@@ -42,7 +44,7 @@ struct Packed {
   ImageInfo info;
 };
 inline Packed packed(const std::string& name, const std::vector<int64_t>& shape,
-                     const SkeletonOptions& options = SkeletonOptions{kPackSplitAbove, kPackSplitPart, {}}) {
+                     const SkeletonOptions& options = pack_skeleton_options()) {
   Packed p;
   p.img = pack(name, shape, &p.m, options);
   Status s = read_image_info(p.img, &p.info);

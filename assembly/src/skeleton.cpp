@@ -398,10 +398,10 @@ void Skeleton::Impl::split_large(const SkeletonOptions& options) {
   if (above == 0) return;
   const std::vector<std::string>& keep_whole = options.keep_whole;
   // The most bytes of a part of weight `name`: split_part, or split_above for coarse_parts.
+  const std::uint64_t fine = options.split_part == 0 || options.split_part > above ? above : options.split_part;
   auto part_of_weight = [&](const std::string& name) {
     const auto& c = options.coarse_parts;
-    const bool coarse = std::find(c.begin(), c.end(), name) != c.end();
-    return options.split_part == 0 || options.split_part > above || coarse ? above : options.split_part;
+    return std::find(c.begin(), c.end(), name) != c.end() ? above : fine;
   };
   auto is_none = [](Value* v) { return v->type()->kind() == c10::TypeKind::NoneType; };
   std::vector<char> replaced(slots.size(), 0);
@@ -850,9 +850,9 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
       if (other != name) one.keep_whole.push_back(other);
     }
     if (!differs(Skeleton::from_module(m, path, one))) continue;
-    one.coarse_parts.push_back(name);
     bool coarse_ok = false;
     if (finer) {
+      one.coarse_parts.push_back(name);
       Skeleton c = Skeleton::from_module(m, path, one);
       coarse_ok = c.split_layers() > 0 && !differs(c);
     }

@@ -35,10 +35,7 @@ namespace {
 std::string pack(const std::string& model, const std::string& image, const c10::List<c10::IValue>& list) {
   return guarded([&] {
     auto inputs = to_inputs(list);
-    SkeletonOptions so;
-    so.split_above = kPackSplitAbove;  // as swapnet pack
-    so.split_part = kPackSplitPart;
-    Skeleton sk = load_for_pack(model, inputs, so);
+    Skeleton sk = load_for_pack(model, inputs, pack_skeleton_options());  // as swapnet pack
     try {
       sk.profile(inputs, ProfileOptions{1, 3});
     } catch (const Error& e) {

@@ -114,6 +114,13 @@ struct SkeletonOptions {
 constexpr std::uint64_t kPackSplitAbove = std::uint64_t{16} << 20;  // bytes
 // ... and the most bytes of one of their parts.
 constexpr std::uint64_t kPackSplitPart = std::uint64_t{4} << 20;  // bytes
+// The skeleton options of a pack: large layers split as above.
+inline SkeletonOptions pack_skeleton_options() {
+  SkeletonOptions o;
+  o.split_above = kPackSplitAbove;
+  o.split_part = kPackSplitPart;
+  return o;
+}
 
 // The layered skeleton of one module. Not copyable; movable. Running it is not thread-safe
 // (one inference at a time per Skeleton).
