@@ -278,6 +278,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   }
   set_executor_option(&eo, "--read-ahead", o.read_ahead);
   set_executor_option(&eo, "--verify", o.verify);
+  eo.learn_after = o.learn;
+  if (o.learn > 0 && o.mode != "swapnet") throw Error("--learn is swapnet's: mode swapnet only");
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
   if (o.mode == "direct") eo.budget = UINT64_MAX / 4;
   set_executor_option(&eo, "--device", o.device);
@@ -312,11 +314,13 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   std::string backend = "-", memory = "host";
   double bind_us = 0;
   std::uint64_t streamed = 0, remeasured = 0, reserve_after = 0;
+  json learning;  // --learn: Executor::learning()
   json pipeline = json::object();  // per timed inference (Note [Layer by layer] in executor.cpp)
   const int iters = std::max(1, o.iters);
   auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes,
                      const std::function<void()>& timed = nullptr) {
     fwd();  // warm-up (lazy initialisation), not timed
+    for (int i = 1; i < o.learn; ++i) fwd();  // --learn N: the first window, not timed either
     if (timed) timed();
     reset_memory_peak();
     read_before = bytes();
@@ -389,6 +393,37 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     streamed = ex->streamed_blocks();
     remeasured = ex->remeasured();
     reserve_after = ex->plan().activation_bytes;
+    if (o.learn > 0) {
+      const Executor::Learning l = ex->learning();
+      learning = {{"learn_after", o.learn},
+                  {"windows", l.windows},
+                  {"replans", l.replans},
+                  {"layer_error", l.layer_error},
+                  {"plan_error", l.plan_error},
+                  {"predicted_before_ms", l.predicted_before_ms},
+                  {"predicted_after_ms", l.predicted_after_ms},
+                  {"measured_layers_ms", l.measured_layers_ms},
+                  {"planned_layers_ms", l.planned_layers_ms},
+                  {"read_mb_s", l.read_mb_s},
+                  {"planned_read_mb_s", l.planned_read_mb_s},
+                  {"predicted_at_open_ms", predicted_ms},
+                  {"num_blocks_at_open", plan_json.size()}};
+      // What the timed inferences ran: the plan in force at the end.
+      const ExecutionPlan& q = ex->plan();
+      predicted_ms = q.predicted_ms;
+      resident_bytes = q.resident_bytes;
+      arena_bytes = q.arena_bytes;
+      pinned = q.pinned_bytes;
+      plan_json = json::array();
+      resident_json = json::array();
+      for (size_t b = 0; b < q.blocks.size(); ++b) {
+        plan_json.push_back({q.blocks[b].first, q.blocks[b].second});
+        resident_json.push_back(static_cast<int>(q.resident[b]));
+      }
+      plan_facts["pair_bytes"] = q.pair_bytes;
+      plan_facts["plan_read_bytes"] = q.read_bytes;
+      plan_facts["retained_bytes"] = q.retained_bytes;
+    }
   } else if (o.mode == "naive") {
     // Note [An honest naive path]; --blocks / --partition are ignored: naive's blocks must
     // hold twice.
@@ -466,6 +501,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
     // and the activation reserve the timed inferences planned with.
     j["remeasured_inputs"] = remeasured;
     j["activation_reserve_bytes"] = reserve_after;
+    if (!learning.is_null()) j["learning"] = learning;
   }
   if (o.check) {
     // The reference is built after the measurements, so its memory is not in peak_rss_bytes.
@@ -577,6 +613,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (!o.resident.empty()) args.insert(args.end(), {"--resident", o.resident});
       if (!o.profile.empty()) args.insert(args.end(), {"--profile", o.profile});
       if (o.check && mode != "direct") args.push_back("--check");
+      if (o.learn > 0 && mode == "swapnet") args.insert(args.end(), {"--learn", std::to_string(o.learn)});
       if (!o.trace.empty() && mode == "swapnet" && r + 1 == std::max(1, o.rounds)) args.insert(args.end(), {"--trace", o.trace});
       args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan, "--device", o.device, "--read-ahead", o.read_ahead});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});

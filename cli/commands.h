@@ -91,6 +91,11 @@ struct RunOptions {
   // --trace FILE (mode swapnet): the timed inferences' timeline as a Chrome trace (Note [Tracing]
   // in swapcore/src/trace.cpp); with --compare, the last round's swapnet run writes it.
   std::string trace;
+  // --learn N (mode swapnet): the executor learns its layer times and read rate every N
+  // inferences (ExecutorOptions::learn_after; Note [Learning the costs in service]) and the
+  // warm-up is N inferences, so the timed ones run the plan learned; 0: the image's and the
+  // profile's costs all along.
+  int learn = 0;
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
 // What-if device for plan's memory bound: the disk's rate and the whole model's compute time

@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
   run->add_option("--background-read", ro.background_mb_s,
                   "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
                   "swapnet's reads cost the compute on this machine)");
+  run->add_option("--learn", ro.learn,
+                  "mode swapnet: every N inferences, compare the layer times and read rate measured with the "
+                  "image's and the profile's and re-plan with them where they differ by more than 15 %; the "
+                  "warm-up is then N inferences (default 0: never)")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--trace", ro.trace,
                   "mode swapnet: write the timed inferences' timeline (layers, waits, reads, the disk's busy time, "
                   "why reads were held) as a Chrome trace JSON for ui.perfetto.dev or bench/trace_summary.py; with "

@@ -856,6 +856,108 @@ TEST(Executor, LargerInputsAreMeasuredWithinTheBudgetOrRefused) {
   run({1, 3, 64, 64}, 11);
 }
 
+// A copy of a packed image with other layer times (what planning reads from an image packed on
+// another machine, or in a busy second of this one).
+std::string with_layer_times(const Packed& pk, const std::string& name, const std::function<double(int, double)>& f) {
+  std::ifstream in(pk.img, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ImageInfo info = pk.info;
+  for (size_t k = 0; k < info.layers.size(); ++k) info.layers[k].time_ms = f(static_cast<int>(k), info.layers[k].time_ms);
+  const std::string path = test_util::process_temp_dir() + "/" + name + ".swapnet";
+  write_image(path, info, [&](std::size_t t) { return static_cast<const void*>(bytes.data() + info.tensors[t].offset); })
+      .throw_if_error();
+  return path;
+}
+
+// Note [Learning the costs in service]: an image whose last layer says it takes 10 s and a cost
+// model that says the disk reads 10 GB/s, on a disk that reads 100 MB/s (emulated): after
+// learn_after inferences the executor plans with the times and the rate it measured, within the
+// same budget and bit-identical; without learn_after it never does.
+TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const int last = static_cast<int>(pk.info.layers.size()) - 1;
+  const std::string img = with_layer_times(pk, "resnet18-slow-last", [&](int k, double t) { return k == last ? 1e4 : t; });
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  for (int learn : {0, 3}) {
+    const std::string what = "learn_after " + std::to_string(learn);
+    ExecutorOptions o;
+    o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+    o.cost.alpha_ms_per_byte = 1.0 / 1e7;  // 10 GB/s
+    o.reader.emulate_bytes_per_s = 100e6;
+    o.learn_after = learn;
+    auto ex = Executor::open(img, o);
+    ASSERT_GT(ex->plan().read_bytes, 4u << 20) << "the plan reads enough for a rate";
+    const double at_open = ex->plan().predicted_ms;
+    EXPECT_GT(at_open, 1e4) << what;
+    for (int i = 0; i < 5; ++i) {
+      reset_cpu_meter_peak();
+      const std::uint64_t base = cpu_meter().current;
+      EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << what << " inference " << i;
+      EXPECT_LE(ex->plan().total(), o.budget) << what << " inference " << i;
+      EXPECT_LE(ex->weight_memory().peak + (cpu_meter().peak_with_lent - base), o.budget) << what << " inference " << i;
+      ex->reset_weight_peak();
+    }
+    const Executor::Learning l = ex->learning();
+    if (learn == 0) {
+      EXPECT_EQ(l.windows, 0u);
+      EXPECT_EQ(ex->info().layers[last].time_ms, 1e4);
+      EXPECT_EQ(ex->cost().alpha_ms_per_byte, 1.0 / 1e7);
+      EXPECT_EQ(ex->plan().predicted_ms, at_open);
+      continue;
+    }
+    EXPECT_GE(l.windows, 1u);
+    EXPECT_EQ(l.replans, 1u) << "one window, one re-plan: plan error " << l.plan_error;
+    EXPECT_LT(ex->info().layers[last].time_ms, 100) << "the last layer's time measured";
+    const double mb_s = 1e-3 / ex->cost().alpha_ms_per_byte;
+    EXPECT_GT(mb_s, 70) << "the emulated disk reads 100 MB/s";
+    EXPECT_LT(mb_s, 130) << "the emulated disk reads 100 MB/s";
+    EXPECT_EQ(l.predicted_before_ms, at_open);
+    EXPECT_LT(l.predicted_after_ms, 5e3);
+    EXPECT_EQ(ex->plan().predicted_ms, l.predicted_after_ms);
+    // The plan now predicts what it runs at: the reads of 100 MB/s at least.
+    EXPECT_GT(ex->plan().predicted_ms, static_cast<double>(ex->plan().read_bytes) / 100e6 * 1e3 * 0.7);
+  }
+}
+
+// The same with a budget grid (a Runtime's executors): the grid is rebuilt on a thread, the plan
+// follows it at an inference boundary; a plan given by blocks is never re-planned.
+TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const int last = static_cast<int>(pk.info.layers.size()) - 1;
+  const std::string img = with_layer_times(pk, "resnet18-slow-last-grid", [&](int k, double t) { return k == last ? 1e4 : t; });
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+  o.grid_step = default_grid_step(pk.info);
+  o.learn_after = 2;
+  auto ex = Executor::open(img, o);
+  const double at_open = ex->plan().predicted_ms;
+  int i = 0;
+  for (; i < 40 && ex->learning().predicted_after_ms == 0; ++i) {
+    EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
+    EXPECT_LE(ex->plan().total(), o.budget);
+  }
+  EXPECT_GT(ex->learning().predicted_after_ms, 0) << "the grid was not adopted in " << i << " inferences";
+  EXPECT_EQ(ex->learning().predicted_before_ms, at_open);
+  EXPECT_LT(ex->plan().predicted_ms, 5e3);
+  EXPECT_LT(ex->latency_curve().back().second, 5e3) << "the latency curve is the new grid's";
+  ex->set_budget(pk.info.data_size / 2);  // a budget change looks the new grid up
+  EXPECT_LT(ex->plan().predicted_ms, 5e3);
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+
+  ExecutorOptions given = o;
+  given.grid_step = 0;
+  given.blocks = 3;
+  given.budget = pk.info.data_size;
+  auto fixed = Executor::open(img, given);
+  for (int j = 0; j < 4; ++j) EXPECT_TRUE(compare_outputs(expected, fixed->forward({x.clone()})).equal);
+  EXPECT_EQ(fixed->learning().windows, 0u);
+  EXPECT_EQ(fixed->info().layers[last].time_ms, 1e4);
+}
+
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   torch::jit::Module& m = pk.m;

@@ -22,9 +22,16 @@ namespace swapnet {
 
 using json = nlohmann::json;
 
-// The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile), with
-// the device profile of this machine when there is one (said once when there is none).
-ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& options_json);
+// Python's executors (swapnet.Executor, transparent swapping) learn their costs every 3
+// inferences unless told otherwise (Note [Learning the costs in service] in executor.cpp): a
+// program there runs with whatever profile this machine has, or none.
+inline constexpr int kPythonLearnAfter = 3;
+
+// The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn),
+// with the device profile of this machine when there is one (said once when there is none).
+// `learn`: ExecutorOptions::learn_after when the options do not say ("learn": N).
+ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& options_json,
+                                 int learn = kPythonLearnAfter);
 json plan_json(const ExecutionPlan& p);
 
 inline std::vector<c10::IValue> to_inputs(const c10::List<c10::IValue>& list) {
@@ -213,6 +220,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     if (!ex) return json{{"image", nullptr}, {"inferences", inferences}}.dump();
     const WeightMemory w = ex->weight_memory();
     const Executor::PipelineStats ps = ex->pipeline_stats();
+    const Executor::Learning learning = ex->learning();
     return json{{"image", image},
                 // Note [Layer by layer] in executor.cpp, since open: waiting for reads, layers
                 // run while the rest of their block landed, ring bytes given back early.
@@ -235,7 +243,14 @@ struct ExecutorHolder : torch::CustomClassHolder {
                 {"peak_model_bytes", w.peak + activation_peak},
                 {"inferences", inferences},
                 {"data_bytes", ex->info().data_size},
-                {"activation_bytes", ex->info().activation_bytes}}
+                {"activation_bytes", ex->info().activation_bytes},
+                // Note [Learning the costs in service]: re-plans for costs measured, the last
+                // window's plan error and read rate.
+                {"learn_windows", learning.windows},
+                {"learn_replans", learning.replans},
+                {"learn_plan_error", learning.plan_error},
+                {"learn_read_mb_s", learning.read_mb_s},
+                {"predicted_ms", ex->plan().predicted_ms}}
         .dump();
   }
 };

@@ -79,8 +79,8 @@ std::string image_info(const std::string& image) {
 
 }  // namespace
 
-// The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile.
-ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& text) {
+// The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile, learn.
+ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& text, int learn) {
   if (budget < 0) throw Error(image + ": budget " + std::to_string(budget) + " is negative");
   const json o = text.empty() ? json::object() : json::parse(text);
   ExecutorOptions eo;
@@ -91,6 +91,13 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
     }
   } catch (const Error& e) {
     throw Error(image + ": " + e.what());
+  }
+  eo.learn_after = learn;
+  if (o.contains("learn")) {
+    if (!o["learn"].is_number_integer() || o["learn"].get<std::int64_t>() < 0 || o["learn"].get<std::int64_t>() > 1000) {
+      throw Error(image + ": learn " + o["learn"].dump() + " is not a number of inferences in 0..1000 (0: never)");
+    }
+    eo.learn_after = o["learn"].get<int>();
   }
   // The device profile plans the blocks when there is one for this machine; else the default
   // cost model (said once: `swapnet profile IMAGE` measures one).
@@ -146,7 +153,9 @@ struct RuntimeHolder : torch::CustomClassHolder {
         r.image = m.at("image").get<std::string>();
         r.urgency = m.value("urgency", 1.0);
         r.threads = m.value("threads", 0);
-        r.options = executor_options(r.image, 0, m.contains("options") ? m["options"].dump() : "");
+        // The Runtime's budgeter splits by latency curves made at open, which learned costs do
+        // not update yet: its models learn only when asked ("options": {"learn": N}).
+        r.options = executor_options(r.image, 0, m.contains("options") ? m["options"].dump() : "", 0);
         list.push_back(std::move(r));
       }
       RuntimeOptions ro;

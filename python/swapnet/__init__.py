@@ -123,9 +123,11 @@ def pack(model, image, example_inputs):
             os.unlink(tmp)
 
 
-def _options(plan, read_ahead, verify, device, profile):
+def _options(plan, read_ahead, verify, device, profile, learn=3):
+    if isinstance(learn, bool) or not isinstance(learn, int) or not 0 <= learn <= 1000:
+        raise ValueError("swapnet: learn=%r is not a number of inferences in 0..1000 (0: never)" % (learn,))
     return json.dumps({"plan": plan, "read_ahead": read_ahead, "verify": verify, "device": device,
-                       "profile": os.fspath(profile) if profile else ""})
+                       "profile": os.fspath(profile) if profile else "", "learn": learn})
 
 
 def image_info(image):
@@ -139,16 +141,20 @@ def image_info(image):
 
 class Executor:
     """A swap image run within a memory budget (weights + activations), one inference at a time.
-    Calling it runs forward: outputs bit-identical to the module's own forward."""
+    Calling it runs forward: outputs bit-identical to the module's own forward.
+
+    learn=N (default 3): every N inferences the layer times and disk read rate measured in them
+    are compared with the image's and the device profile's, and the blocks re-planned with them
+    when the plan's predicted time is more than 10 % off (stats['learn_replans']); 0: never."""
 
     def __init__(self, image, budget, *, plan="auto", read_ahead="ring", verify="first", device="cpu",
-                 profile=None):
+                 profile=None, learn=3):
         self.image = os.fspath(image)
         # A percentage is of the model's full demand: weights and activations ("100%": all resident).
         self.info = image_info(self.image)
         b = parse_size(budget, whole=self.info["full_bytes"], what="budget")
         self._ex = _call(torch.classes.swapnet.Executor, self.image, b,
-                         _options(plan, read_ahead, verify, device, profile))
+                         _options(plan, read_ahead, verify, device, profile, learn))
         self._budget = b
 
     def __call__(self, *inputs):

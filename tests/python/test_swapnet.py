@@ -99,6 +99,29 @@ def test_the_activation_reserve_is_lent_to_blocks(packed):
             assert stats["zone_bytes"] == 0 and stats["lent_peak_bytes"] == 0, stats
 
 
+def test_executors_learn_their_costs_unless_told_not_to(packed):
+    """Note [Learning the costs in service]: swapnet.Executor compares the costs it planned with
+    against those it measured every `learn` inferences (default 3); learn=0 never does; a bad
+    value is a ValueError naming it. Whether it re-plans depends on this machine's profile, so
+    only the windows are counted here (tests/executor_test.cpp checks the re-plan)."""
+    image, x, ref, _ = packed["resnet18"]
+    budget = swapnet.image_info(image)["min_budget"] * 2
+    default = swapnet.Executor(image, budget=budget)
+    never = swapnet.Executor(image, budget=budget, learn=0)
+    every2 = swapnet.Executor(image, budget=budget, learn=2)
+    for _ in range(4):
+        for ex in (default, never, every2):
+            assert torch.equal(ex(x), ref)
+    # After inference 3, and 4 (the window slides) unless 3 re-planned (a new window begins).
+    assert default.stats["learn_windows"] == 2 - default.stats["learn_replans"]
+    assert never.stats["learn_windows"] == 0
+    assert every2.stats["learn_windows"] >= 2
+    assert default.stats["learn_read_mb_s"] > 0
+    for bad in (-1, "3", 2.5, True):
+        with pytest.raises(ValueError, match="learn=%r" % (bad,)):
+            swapnet.Executor(image, budget=budget, learn=bad)
+
+
 def test_pack_a_scripted_module(tmp_path):
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3),

@@ -325,6 +325,18 @@ struct ExecutorOptions {
   // (Note [Lending the activation reserve] in executor.cpp); false: activations keep the whole
   // reserve all the time (read-ahead "ring-reserved", for comparison).
   bool lend = true;
+  // Note [Learning the costs in service] in executor.cpp: the planner's costs checked against
+  // the inferences themselves. Every `learn_after` inferences (0: never; a sliding window), the
+  // median time each layer ran in them (from when its bytes had landed) and the rate the disk
+  // read at while it had our reads are put into the cost model; when the plan in force,
+  // predicted with them, is more than `learn_threshold` off its prediction with the image's
+  // layer times and `cost`, they replace those, and the executor re-plans at its budget before
+  // the next inference (with `grid_step`, once the new table is built on a thread of its own).
+  // Not learned: a plan given by `partition`/`blocks`, kEqual, the GPU (kernels run after the
+  // thread goes on, so the thread does not see a layer's time), and an inference that measured
+  // a new input's activations (weights at their least). Layer times learned show in info().
+  int learn_after = 0;
+  double learn_threshold = 0.1;
 };
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
@@ -509,6 +521,27 @@ class SWAPNET_API Executor {
   // fails with the numbers); its peak then joins input_profiles() and the reserve.
   std::uint64_t remeasured() const;
   std::vector<InputProfile> input_profiles() const;
+  // Note [Learning the costs in service] (ExecutorOptions::learn_after), since open.
+  struct Learning {
+    std::uint64_t windows = 0;   // windows of learn_after inferences compared with the costs
+    std::uint64_t replans = 0;   // of them, those that changed the costs (and re-planned)
+    // The last window: summed |median measured - planned| layer time over the sum planned, the
+    // sums themselves, and the read rates measured (0: under 4 MiB read) and planned.
+    double layer_error = 0;
+    double measured_layers_ms = 0;
+    double planned_layers_ms = 0;
+    double read_mb_s = 0;
+    double planned_read_mb_s = 0;
+    // The plan in force predicted with the costs measured over its prediction with the costs
+    // planned with, less 1 (what learn_threshold is compared with).
+    double plan_error = 0;
+    // The last re-plan: the cost model's latency of the plan before (with the old costs) and of
+    // the plan after (with the learned ones).
+    double predicted_before_ms = 0;
+    double predicted_after_ms = 0;
+  };
+  Learning learning() const;
+  CostModel cost() const;  // the cost model planning uses now (its read rate learned, if it was)
   double bind_us_per_tensor() const;     // mean cost of binding one tensor by reference
   IoBackend backend() const;
   MemoryKind memory() const;
