@@ -1835,16 +1835,22 @@ void learn_costs(Executor::Impl& m, bool whole) {
     po.residency = m.opt.residency;
     po.read_ahead = effective_read_ahead(m.opt);
     po.lend = lend_for(m.info, m.opt);
-    std::vector<LayerCost> costs = layer_costs(m.info, m.opt);
-    const CostModel cm = m.opt.cost;
+    std::vector<LayerCost> learned_costs = layer_costs(m.info, m.opt);
+    const CostModel learned_cm = m.opt.cost;
     const std::uint64_t step = m.opt.grid_step;
     m.grid_next_before_ms = before;
-    m.grid_next = std::async(std::launch::async, [costs = std::move(costs), cm, step, po] {
-      return std::make_unique<PartitionTable>(costs, cm, step, po);
-    });
-    log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what +
-                             ": the budget grid is rebuilt with them, and the plan follows once it is");
-    return;
+    try {
+      m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po] {
+        return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
+      });
+      log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what +
+                               ": the budget grid is rebuilt with them, and the plan follows once it is");
+      return;
+    } catch (const std::exception& e) {  // no thread: plans search from now on
+      log(LogLevel::kWarn, m.path + ": no thread to rebuild the budget grid (" + e.what() +
+                               "): budget changes search for their plan from now on");
+      m.grid.reset();
+    }
   }
   if (m.released) return;  // the next set_budget() plans with them
   try {
@@ -2112,7 +2118,11 @@ c10::IValue Executor::finish() {
   m.pump();
   const bool measured_input = m.measuring.has_value();
   end_measuring(m, true);  // re-plans with the reserve this input needs
-  learn_costs(m, !measured_input);
+  try {
+    learn_costs(m, !measured_input);
+  } catch (const std::exception& e) {  // never this inference's failure: the plan in force stays
+    log(LogLevel::kWarn, m.path + ": learning the costs failed, the plan stays: " + e.what());
+  }
   return out;
 }
 

@@ -26,6 +26,9 @@ using json = nlohmann::json;
 // inferences unless told otherwise (Note [Learning the costs in service] in executor.cpp): a
 // program there runs with whatever profile this machine has, or none.
 inline constexpr int kPythonLearnAfter = 3;
+// Transparent swapping's: $SWAPNET_LEARN (0..1000), else kPythonLearnAfter; a value that is not
+// such a number is said once (and kPythonLearnAfter used: the program's model still runs).
+int learn_from_env();
 
 // The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn),
 // with the device profile of this machine when there is one (said once when there is none).
@@ -151,7 +154,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
       image = open(inputs, &budget);
       install_cpu_meter();
       account = new_cpu_account();
-      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), std::string()));
+      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), std::string(), learn_from_env()));
       budget_now.store(budget);
       fallback = nullptr;
       if (on_open) on_open(this);

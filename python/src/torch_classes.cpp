@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -117,6 +119,21 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
                  "; planning with the default cost model (`swapnet profile IMAGE` measures one)");
   }
   return eo;
+}
+
+int learn_from_env() {
+  const char* v = std::getenv("SWAPNET_LEARN");
+  if (v == nullptr || *v == '\0') return kPythonLearnAfter;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n < 0 || n > 1000) {
+    log_once(LogLevel::kWarn, "swapnet_learn_env",
+             std::string("SWAPNET_LEARN='") + v + "' is not a number of inferences in 0..1000 (0: never): learning every " +
+                 std::to_string(kPythonLearnAfter));
+    return kPythonLearnAfter;
+  }
+  return static_cast<int>(n);
 }
 
 json plan_json(const ExecutionPlan& p) {

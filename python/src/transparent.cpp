@@ -539,7 +539,9 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
   }
   c10::intrusive_ptr<ExecutorHolder> holder;
   try {
-    holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget), std::string());
+    notices_on();  // a bad SWAPNET_LEARN is said
+    holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget),
+                                                 "{\"learn\": " + std::to_string(learn_from_env()) + "}");
   } catch (const std::exception& e) {
     say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
     return c10::nullopt;

@@ -47,6 +47,12 @@
 //   SWAPNET_CONTROL=PATH|default     the budget at run time, as `swapnet serve` takes it
 //                                    (`swapnet ctl --socket PATH budget 40MiB`); several swapped
 //                                    models share a new total in proportion to their budgets.
+//   SWAPNET_LEARN=N                  every N inferences (default 3; 0: never) the layer times and
+//                                    read rate measured are compared with the image's and the
+//                                    device profile's, and the model re-planned with them when its
+//                                    predicted time is more than 10 % off (Note [Learning the
+//                                    costs in service] in assembly/src/executor.cpp); a value
+//                                    that is not a number 0..1000 is said once and 3 is used.
 //   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
 //     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
 //                    bytes_read=N inferences=N
