@@ -157,6 +157,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     read_image_info(m.rt.image, &info).throw_if_error();
     whole += info.data_size + info.activation_bytes;
     use_profile(prof, &m.rt.options);
+    m.rt.options.learn_after = o.learn;
     if (m.rt.threads == 0) m.rt.threads = static_cast<int>(std::max<size_t>(1, cores / s.models.size()));
     infos.push_back(std::move(info));
   }

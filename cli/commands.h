@@ -160,6 +160,7 @@ struct ServeOptions {
   double period_scale = 1;    // --period-scale: every period (and jitter) times this; deadlines stay
   double slo_scale = 1;       // --slo-scale: every deadline times this
   std::string trace;          // --trace FILE.json: the models' timelines (Note [Tracing] in swapcore)
+  int learn = 0;              // --learn N: ExecutorOptions::learn_after of every model
 };
 int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
 int ctl(const std::vector<std::string>& words, const std::string& socket);

@@ -209,6 +209,11 @@ int main(int argc, char** argv) {
                     "(ui.perfetto.dev; bench/trace_summary.py)");
   serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
   serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  serve->add_option("--learn", so.learn,
+                    "every N inferences each model compares its measured layer times and read rate with its "
+                    "planned ones, re-plans with them when >10 % off, and the budget is split again with its new "
+                    "latency curve (default 0: never)")
+      ->check(CLI::Range(0, 1000));
   serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
   add_common(serve, common, false, false);
 

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <torch/script.h>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,19 @@ inline Packed packed(const std::string& name, const std::vector<int64_t>& shape,
   Status s = read_image_info(p.img, &p.info);
   if (!s.ok()) throw Error(s.message());
   return p;
+}
+
+// A copy of a packed image with other layer times (what planning reads from an image packed on
+// another machine, or in a busy second of this one).
+inline std::string with_layer_times(const Packed& pk, const std::string& name, const std::function<double(int, double)>& f) {
+  std::ifstream in(pk.img, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ImageInfo info = pk.info;
+  for (size_t k = 0; k < info.layers.size(); ++k) info.layers[k].time_ms = f(static_cast<int>(k), info.layers[k].time_ms);
+  const std::string path = process_temp_dir() + "/" + name + ".swapnet";
+  write_image(path, info, [&](std::size_t t) { return static_cast<const void*>(bytes.data() + info.tensors[t].offset); })
+      .throw_if_error();
+  return path;
 }
 
 }  // namespace test_util

@@ -408,6 +408,46 @@ std::vector<RuntimeModel> specs(const Models& s) {
   return v;
 }
 
+// Note [Splitting with learned costs]: resnet18 whose image says its last layer takes 10 s gets
+// the paper rule's latency share at open; once it has learned its layer times (learn_after 2),
+// its demand is made again and the total split again ("costs learned"), every output
+// bit-identical, nothing over budget.
+TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
+  Models s = small_models();
+  const int last = static_cast<int>(s.pk[0].info.layers.size()) - 1;
+  std::vector<RuntimeModel> v = specs(s);
+  v[0].image = test_util::with_layer_times(s.pk[0], "resnet18-slow-last-rt", [&](int k, double t) { return k == last ? 1e4 : t; });
+  v[0].name = "slow";
+  for (auto& m : v) m.options.learn_after = 2;
+  auto open = Runtime::open(v, 1u << 30);
+  const std::vector<ModelDemand> d0 = open->demands();
+  const std::uint64_t total = (d0[0].min_bytes + d0[1].min_bytes + d0[0].full_bytes + d0[1].full_bytes) / 2;
+  open.reset();
+  auto rt = Runtime::open(v, total);
+  EXPECT_GT(rt->demands()[0].latency_ms, 5e3);
+  const std::uint64_t slow_budget = rt->status()[0].budget;
+  int i = 0;
+  for (; i < 40 && rt->demands()[0].latency_ms > 1e3; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      c10::InferenceMode g;
+      EXPECT_TRUE(compare_outputs(s.expected[k], rt->submit(k, {s.x[k].clone()}).get()).equal) << "request " << i;
+    }
+  }
+  EXPECT_LT(rt->demands()[0].latency_ms, 1e3) << "not learned in " << i << " requests";
+  ASSERT_TRUE(rt->wait_adapted(std::chrono::seconds(10)));
+  bool noted = false;
+  for (const auto& a : rt->adaptations()) noted = noted || a.note.find("slow's costs learned") != std::string::npos;
+  EXPECT_TRUE(noted) << "the total was not split again";
+  for (int k = 0; k < 2; ++k) {
+    c10::InferenceMode g;
+    EXPECT_TRUE(compare_outputs(s.expected[k], rt->submit(k, {s.x[k].clone()}).get()).equal);
+  }
+  const std::vector<ModelStatus> st = rt->status();
+  EXPECT_LT(st[0].budget, slow_budget) << "its latency share shrank with its latency";
+  EXPECT_LE(st[0].budget + st[1].budget, total);
+  for (const auto& m : st) EXPECT_EQ(m.over_budget, 0u) << m.name;
+}
+
 TEST(Runtime, RefusesAScenarioThatCannotFitWithTheNumbers) {
   Models s = small_models();
   const std::string e = error_of([&] { Runtime::open(specs(s), 1 * MiB); });

@@ -78,6 +78,7 @@ struct Worker {
   Grant grant = Grant::kNone;
   DispatchCandidate cand;
   double read_priority = 0;  // on a shared disk (disk-aware schedulers)
+  std::uint64_t learned_seen = 0;                // Executor::Learning::adopted taken into the split
   std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
   double ms_per_byte = 0;                        // the cost model's read time
   std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
@@ -413,7 +414,7 @@ struct Runtime::Impl {
     bool ok = false, abandoned = false, dropped = false, met = false;
     c10::IValue result;
     std::exception_ptr error;
-    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0;
+    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0, adopted = x.learned_seen;
     const bool central = dispatch != nullptr;
     try {
       x.exec->reset_weight_peak();
@@ -459,6 +460,7 @@ struct Runtime::Impl {
         }
       }
       c10::IValue out = x.exec->finish();
+      adopted = x.exec->learning().adopted;  // outside the runtime's lock (the executor takes its own)
       const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
       // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
       // reserve] in executor.cpp), at once.
@@ -511,6 +513,7 @@ struct Runtime::Impl {
       r.done.set_exception(error);
     }
     lk.lock();
+    if (adopted != x.learned_seen) learned(i, lk);  // after the answer: the caller does not wait for it
   }
   void loop(size_t i) {
     Worker& x = *w[i];
@@ -552,6 +555,68 @@ struct Runtime::Impl {
     x.queue.clear();
   }
   Allocation plan(std::uint64_t bytes) const { return allocate(*policy, demands, bytes); }
+  // Note [Splitting with learned costs]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A model that learns its costs (ExecutorOptions::learn_after, Note [Learning the costs in
+  // service] in executor.cpp) re-plans its own blocks within its budget; but the split between
+  // models was made with the latency curves of its costs at open. Worker i, under `lk`, after an
+  // inference in which its executor put a learned plan in force: its demand (curve, full bytes,
+  // latency at full), the dispatcher's seeds (layer table, read time) are made again from the
+  // learned costs, and the total is split again as a budget change would split it (an
+  // adaptation noted "costs learned"; models move at block boundaries, shrinking ones shed). A
+  // change under way is left alone: the next split (this one's, once settled, or the next
+  // learned plan's) uses the new curve.
+  void learned(size_t i, std::unique_lock<std::mutex>& lk) {
+    Worker& x = *w[i];
+    lk.unlock();
+    // The executor is this thread's between inferences (shed() touches neither its grid nor costs).
+    const Executor::Learning l = x.exec->learning();
+    std::vector<std::pair<std::uint64_t, double>> curve = x.exec->latency_curve();
+    std::vector<LayerCost> costs = layer_costs(x.exec->info(), x.spec.options);
+    const double ms_per_byte = x.exec->cost().alpha_ms_per_byte;
+    lk.lock();
+    x.learned_seen = l.adopted;
+    x.costs = std::move(costs);
+    x.ms_per_byte = ms_per_byte;
+    x.estimate.clear();  // seeds of the old costs; measured blocks are measured again
+    record_plan(x);
+    ModelDemand& d = demands[i];
+    d.curve = std::move(curve);
+    d.full_bytes = std::max(d.curve.back().first, d.min_bytes);
+    d.latency_ms = d.curve.back().second;
+    log(LogLevel::kInfo, x.spec.name + ": costs learned (plan error " + std::to_string(l.plan_error) +
+                             "): its latency curve now ends at " + std::to_string(d.latency_ms) + " ms");
+    if (!settled() || total == 0) return;
+    const Clock::time_point t = Clock::now();
+    const Allocation a = plan(total);
+    if (a.budgets == target) return;
+    retarget(a, total, t, ms_between(t, Clock::now()), x.spec.name + "'s costs learned: " + a.note);
+    cv.notify_all();
+  }
+  // Under the lock: `a` (for `bytes` in all) in force from `t` on, noted as an adaptation;
+  // models that must shrink are interrupted and shed.
+  void retarget(const Allocation& a, std::uint64_t bytes, Clock::time_point t, double plan_ms, const std::string& note) {
+    total = bytes;
+    set_targets(a);
+    notified = t;
+    Adaptation ad;
+    ad.at_s = ms_between(t0, t) / 1000;
+    ad.budget_bytes = bytes;
+    ad.budgets = a.budgets;
+    ad.plan_ms = plan_ms;
+    ad.note = note;
+    adaptations.push_back(std::move(ad));
+    note_if_settled();
+    // Models that must shrink stop at their next layer boundary to move, and give back at once
+    // what their running layer does not read (Note [Shedding] in executor.cpp), on the
+    // runtime's shedding thread (Note [Shedding off the caller's thread]).
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (target[i] < holds(i)) {
+        w[i]->exec->interrupt();
+        sheds.push_back(ShedOrder{i, target[i], w[i]->st.budget_changes});
+      }
+    }
+  }
   void set_targets(const Allocation& a) {
     target = a.budgets;
     reason.assign(w.size(), "");
@@ -684,7 +749,10 @@ int Runtime::index(const std::string& name) const {
   }
   return -1;
 }
-const std::vector<ModelDemand>& Runtime::demands() const { return impl_->demands; }
+std::vector<ModelDemand> Runtime::demands() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->demands;
+}
 const Executor& Runtime::executor(int model) const { return *impl_->w.at(static_cast<size_t>(model))->exec; }
 double Runtime::seconds() const { return ms_between(impl_->t0, Clock::now()) / 1000; }
 
@@ -732,30 +800,16 @@ void Runtime::set_budget(std::uint64_t total) {
   trace_instant(0, TraceLane::kControl, "total budget", -1, "bytes", static_cast<std::int64_t>(total));
   Impl& m = *impl_;
   const Clock::time_point t = Clock::now();
-  const Allocation a = m.plan(total);
+  std::vector<ModelDemand> demands;  // a worker may update one meanwhile (Note [Splitting with learned costs])
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    demands = m.demands;
+  }
+  const Allocation a = allocate(*m.policy, demands, total);
   const double plan_ms = ms_between(t, Clock::now());
   {
     std::lock_guard<std::mutex> lk(m.mu);
-    m.total = total;
-    m.set_targets(a);
-    m.notified = t;
-    Adaptation ad;
-    ad.at_s = ms_between(m.t0, t) / 1000;
-    ad.budget_bytes = total;
-    ad.budgets = a.budgets;
-    ad.plan_ms = plan_ms;
-    ad.note = a.note;
-    m.adaptations.push_back(std::move(ad));
-    m.note_if_settled();
-    // Models that must shrink stop at their next layer boundary to move, and give back at once
-    // what their running layer does not read (Note [Shedding] in executor.cpp), on the
-    // runtime's shedding thread (Note [Shedding off the caller's thread]).
-    for (size_t i = 0; i < m.w.size(); ++i) {
-      if (m.target[i] < m.holds(i)) {
-        m.w[i]->exec->interrupt();
-        m.sheds.push_back(Impl::ShedOrder{i, m.target[i], m.w[i]->st.budget_changes});
-      }
-    }
+    m.retarget(a, total, t, plan_ms, a.note);
   }
   m.cv.notify_all();
   log(LogLevel::kInfo, "runtime: budget " + format_bytes(total) + ": " + a.note);

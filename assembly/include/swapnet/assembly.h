@@ -525,6 +525,7 @@ class SWAPNET_API Executor {
   struct Learning {
     std::uint64_t windows = 0;   // windows of learn_after inferences compared with the costs
     std::uint64_t replans = 0;   // of them, those that changed the costs (and re-planned)
+    std::uint64_t adopted = 0;   // plans made with learned costs put in force (with a grid: once built)
     // The last window: summed |median measured - planned| layer time over the sum planned, the
     // sums themselves, and the read rates measured (0: under 4 MiB read) and planned.
     double layer_error = 0;

@@ -227,7 +227,9 @@ class SWAPNET_API Runtime : public BudgetTarget {
 
   int size() const;
   int index(const std::string& name) const;  // -1 if none
-  const std::vector<ModelDemand>& demands() const;
+  // The models' demands now (a model that learns its costs updates its own: Note [Splitting
+  // with learned costs] in runtime.cpp).
+  std::vector<ModelDemand> demands() const;
   const Executor& executor(int model) const;  // for tests: plans, bytes read (not thread-safe)
 
   // Queues an inference on `model`'s worker. The future throws if the model is paused (Error
