@@ -475,7 +475,10 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"failed", m.failed},
                {"abandoned", m.abandoned},
                {"budget_changes", m.budget_changes},
-               {"mid_inference_moves", m.mid_inference_moves}};
+               {"mid_inference_moves", m.mid_inference_moves},
+               // --learn (Note [Learning the costs in service]): windows checked, learned plans in force.
+               {"learn_windows", rt->executor(i).learning().windows},
+               {"learned_plans", rt->executor(i).learning().adopted}};
     if (o.check) {
       mj["equal"] = static_cast<bool>(equal[i]);
       mj["max_abs_diff"] = max_diff[i];

@@ -131,8 +131,8 @@ int main(int argc, char** argv) {
   run->add_option("--learn", ro.learn,
                   "mode swapnet: every N inferences, compare the layer times and read rate measured with the "
                   "image's and the profile's and re-plan with them where they differ by more than 15 %; the "
-                  "warm-up is then N inferences (default 0: never)")
-      ->check(CLI::NonNegativeNumber);
+                  "warm-up is then N inferences (default 0: never; else 3..1000)")
+      ->check(CLI::Range(0, 1000));
   run->add_option("--trace", ro.trace,
                   "mode swapnet: write the timed inferences' timeline (layers, waits, reads, the disk's busy time, "
                   "why reads were held) as a Chrome trace JSON for ui.perfetto.dev or bench/trace_summary.py; with "
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   serve->add_option("--learn", so.learn,
                     "every N inferences each model compares its measured layer times and read rate with its "
                     "planned ones, re-plans with them when >10 % off, and the budget is split again with its new "
-                    "latency curve (default 0: never)")
+                    "latency curve (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
   serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
   add_common(serve, common, false, false);

@@ -878,6 +878,12 @@ TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
     o.learn_after = learn;
     auto ex = Executor::open(img, o);
     ASSERT_GT(ex->plan().read_bytes, 4u << 20) << "the plan reads enough for a rate";
+    for (int bad : {-1, 1, 2, 1001}) {
+      ExecutorOptions b = o;
+      b.learn_after = bad;
+      const std::string e = error_of([&] { Executor::open(img, b); });
+      EXPECT_NE(e.find("learn_after " + std::to_string(bad) + " is not 0 (never) or 3..1000 inferences"), std::string::npos) << e;
+    }
     const double at_open = ex->plan().predicted_ms;
     EXPECT_GT(at_open, 1e4) << what;
     for (int i = 0; i < 7; ++i) {
@@ -923,7 +929,7 @@ TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
   ExecutorOptions o;
   o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
   o.grid_step = default_grid_step(pk.info);
-  o.learn_after = 2;
+  o.learn_after = 3;
   auto ex = Executor::open(img, o);
   const double at_open = ex->plan().predicted_ms;
   int i = 0;

@@ -418,7 +418,7 @@ TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
   std::vector<RuntimeModel> v = specs(s);
   v[0].image = test_util::with_layer_times(s.pk[0], "resnet18-slow-last-rt", [&](int k, double t) { return k == last ? 1e4 : t; });
   v[0].name = "slow";
-  for (auto& m : v) m.options.learn_after = 2;
+  for (auto& m : v) m.options.learn_after = 3;
   auto open = Runtime::open(v, 1u << 30);
   const std::vector<ModelDemand> d0 = open->demands();
   const std::uint64_t total = (d0[0].min_bytes + d0[1].min_bytes + d0[0].full_bytes + d0[1].full_bytes) / 2;

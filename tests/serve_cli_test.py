@@ -76,6 +76,25 @@ def main() -> int:
         layers = sum(1 for e in t["traceEvents"] if e["ph"] == "X" and e["name"].startswith("layer "))
         expect(len(cuts) == 2 and layers > 100, f"trace: {len(cuts)} budget changes, {layers} layers")
 
+    # --learn 3 (Note [Learning the costs in service]); whether a model
+    # re-plans depends on this machine's profile, so only that every model checked its costs, that
+    # a learned plan split the total again when there was one, and the usual promises.
+    rc, out, err = run(cli, "serve", scenario("learn", duration_s=2), "--json", "--socket", "none", "--learn", "3")
+    expect(rc == 0, f"serve --learn exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        for m in j["models"]:
+            expect(m["equal"] is True and m["over_budget"] == 0, f"--learn {m['name']}: equal / within budget")
+            expect(m["learn_windows"] >= 1, f"--learn {m['name']}: {m['learn_windows']} windows")
+        learned = sum(m["learned_plans"] for m in j["models"])
+        notes = [a["note"] for a in j["adaptations"] if "costs learned" in a["note"]]
+        expect(len(notes) <= learned, f"--learn: {len(notes)} splits for {learned} learned plans")
+        print(f"serve --learn 3: learned plans {learned}, splits {len(notes)}")
+    rc, _, err = run(cli, "serve", scenario("learn_bad", duration_s=1), "--socket", "none", "--learn", "-1")
+    expect(rc != 0 and "--learn" in err, f"serve --learn -1: rc {rc}: {err!r}")
+    rc, _, err = run(cli, "serve", scenario("learn_one", duration_s=1), "--socket", "none", "--learn", "1")
+    expect(rc != 0 and "learn_after 1 is not 0 (never) or 3..1000" in err, f"serve --learn 1: rc {rc}: {err!r}")
+
     # Open-loop arrivals with deadlines under the central scheduler (lst).
     path = scenario("slo", scheduler="lst", workers=1, duration_s=4,
                     models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "jitter_ms": 4, "slo_ms": 60},

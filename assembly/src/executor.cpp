@@ -38,6 +38,9 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <initializer_list>
@@ -620,6 +623,8 @@ struct Executor::Impl {
   std::future<std::unique_ptr<PartitionTable>> grid_next;
   double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
+  std::uint64_t grid_epoch = 0;    // grid_builds_epoch() when this inference began
+  double learn_gate = 0;           // the plan error that re-plans now (0: learn_threshold)
   Executor::Learning learned;
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
@@ -1257,6 +1262,7 @@ c10::IValue evict_from(const c10::IValue& v, const char* lo, const char* hi, std
 // Executor::set_budget with `m.mu` held.
 void set_budget_locked(Executor::Impl& m, std::uint64_t bytes);
 void learn_costs(Executor::Impl& m, bool whole);
+std::uint64_t grid_builds_epoch();
 
 std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
   ImageInfo info;
@@ -1325,6 +1331,11 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   }
   m.verified.assign(m.info.layers.size(), false);
   m.fixed_plan = !options.partition.empty() || options.blocks > 0;
+  if (options.learn_after < 0 || options.learn_after == 1 || options.learn_after == 2 || options.learn_after > kMaxLearnAfter) {
+    throw Error(image + ": learn_after " + std::to_string(options.learn_after) + " is not 0 (never) or 3.." +
+                std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
+                "inference aside");
+  }
   m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
@@ -1728,9 +1739,20 @@ std::vector<InputProfile> Executor::input_profiles() const {
 // again, so one more re-plan takes learn_after more inferences and another change as large.
 // The read rate needs 4 MiB read in the window (a plan that keeps everything resident reads
 // nothing: its rate stays). Outputs are the same under any plan; only the blocks change.
+namespace {
+// Budget grids being built for learned costs in this process, and a count of their starts and
+// ends: an inference that overlapped one ran on fewer cores than its plan will (Note [Learning
+// the costs in service]).
+std::atomic<int> g_grid_builds{0};
+std::atomic<std::uint64_t> g_grid_epoch{0};
+}  // namespace
+std::uint64_t grid_builds_epoch() { return g_grid_epoch.load(); }
+
 void learn_costs(Executor::Impl& m, bool whole) {
   using Ms = std::chrono::duration<double, std::milli>;
+  bool adopted_now = false;
   if (m.grid_next.valid() && m.grid_next.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    adopted_now = true;
     std::unique_ptr<PartitionTable> g;
     try {
       g = m.grid_next.get();
@@ -1755,14 +1777,20 @@ void learn_costs(Executor::Impl& m, bool whole) {
   bool timed = whole && m.layer_ms_now.size() == m.info.layers.size();
   for (double v : m.layer_ms_now) timed = timed && std::isfinite(v);
   if (!timed) return;
+  if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
+    m.learn_window.clear();
+    m.learn_io.clear();
+    m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
+    return;
+  }
+  // An inference that overlapped a grid being built (this model's or another's: a thread of its
+  // own, at the lowest priority, but a core all the same) is not timed at this plan's pace:
+  // serve with two models learned mobilenet_v2's layers at 4, 12, 31 and 4 ms in turn, each
+  // build slowing the inferences the next re-plan was made from. It does not count.
+  if (m.grid_epoch != grid_builds_epoch() || g_grid_builds.load() > 0) return;
   m.learn_window.push_back(m.layer_ms_now);
   m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
   if (static_cast<int>(m.learn_window.size()) < every) return;
-  if (m.grid_next.valid()) {  // the costs learned last are still being built into a grid
-    m.learn_window.pop_front();
-    m.learn_io.pop_front();
-    return;
-  }
   const std::size_t L = m.info.layers.size();
   std::vector<double> med(L), v;
   double planned = 0, measured = 0, diff = 0;
@@ -1807,11 +1835,19 @@ void learn_costs(Executor::Impl& m, bool whole) {
   const double now_planned = predicted(planned_costs, m.opt.cost);
   const double now_measured = predicted(costs, cm);
   l.plan_error = now_planned > 0 ? now_measured / now_planned - 1 : 0;
-  if (!(std::fabs(l.plan_error) > m.opt.learn_threshold)) {  // the window slides
+  // Each re-plan doubles the error the next one needs; it halves back over 100 inferences
+  // without one (down to learn_threshold). Costs that change from window to window by more than
+  // the threshold (two small models sharing this VM's two cores: mobilenet_v2's layers summed
+  // 3.3-12 ms from window to window, 7 re-plans in 4 s of serve --learn 3) stop re-planning; a
+  // model that kept still a while is as quick to learn as at first.
+  if (m.learn_gate < m.opt.learn_threshold) m.learn_gate = m.opt.learn_threshold;
+  if (!(std::fabs(l.plan_error) > m.learn_gate)) {  // the window slides
+    m.learn_gate = std::max(m.opt.learn_threshold, 0.99309 * m.learn_gate);  // 0.5 ^ (1 / 100)
     m.learn_window.pop_front();
     m.learn_io.pop_front();
     return;
   }
+  m.learn_gate = std::min(1e3, 2 * m.learn_gate);
   // Each kind of cost replaces the planned one where it alone moves the prediction enough (both
   // where neither does alone): the read rate by half the threshold, the layer times by all of
   // it. Layer times measured in the pipeline carry the reads' interference with the compute,
@@ -1859,13 +1895,25 @@ void learn_costs(Executor::Impl& m, bool whole) {
     const std::uint64_t step = m.opt.grid_step;
     m.grid_next_before_ms = before;
     try {
+      ++g_grid_builds;
+      ++g_grid_epoch;
       m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po] {
+        struct Done {
+          ~Done() {
+            ++g_grid_epoch;
+            --g_grid_builds;
+          }
+        } done;
+        // The lowest priority: the inferences come first (a core of a Jetson's six, or of this VM's two).
+        (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
         return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
       });
       log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what +
                                ": the budget grid is rebuilt with them, and the plan follows once it is");
       return;
     } catch (const std::exception& e) {  // no thread: plans search from now on
+      ++g_grid_epoch;
+      --g_grid_builds;
       log(LogLevel::kWarn, m.path + ": no thread to rebuild the budget grid (" + e.what() +
                                "): budget changes search for their plan from now on");
       m.grid.reset();
@@ -1936,6 +1984,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.bound = false;
   m.cur_from_fetch = false;
   m.layer_ms_now.assign(m.info.layers.size(), std::nan(""));
+  m.grid_epoch = grid_builds_epoch();
   m.inference_t0 = TraceClock::now();
   m.held_why = nullptr;  // Note [Tracing]: the first stop of every inference is traced
   if (m.ring && m.ring->lend() > 0 && !m.measuring) {

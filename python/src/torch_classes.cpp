@@ -96,8 +96,9 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
   }
   eo.learn_after = learn;
   if (o.contains("learn")) {
-    if (!o["learn"].is_number_integer() || o["learn"].get<std::int64_t>() < 0 || o["learn"].get<std::int64_t>() > 1000) {
-      throw Error(image + ": learn " + o["learn"].dump() + " is not a number of inferences in 0..1000 (0: never)");
+    const auto& v = o["learn"];
+    if (!v.is_number_integer() || !(v.get<std::int64_t>() == 0 || (v.get<std::int64_t>() >= 3 && v.get<std::int64_t>() <= kMaxLearnAfter))) {
+      throw Error(image + ": learn " + v.dump() + " is not 0 (never) or a number of inferences in 3..1000");
     }
     eo.learn_after = o["learn"].get<int>();
   }
@@ -127,9 +128,9 @@ int learn_from_env() {
   char* end = nullptr;
   errno = 0;
   const long n = std::strtol(v, &end, 10);
-  if (errno != 0 || *end != '\0' || n < 0 || n > 1000) {
+  if (errno != 0 || *end != '\0' || !(n == 0 || (n >= 3 && n <= kMaxLearnAfter))) {
     log_once(LogLevel::kWarn, "swapnet_learn_env",
-             std::string("SWAPNET_LEARN='") + v + "' is not a number of inferences in 0..1000 (0: never): learning every " +
+             std::string("SWAPNET_LEARN='") + v + "' is not 0 (never) or a number of inferences in 3..1000: learning every " +
                  std::to_string(kPythonLearnAfter));
     return kPythonLearnAfter;
   }

@@ -124,8 +124,8 @@ def pack(model, image, example_inputs):
 
 
 def _options(plan, read_ahead, verify, device, profile, learn=3):
-    if isinstance(learn, bool) or not isinstance(learn, int) or not 0 <= learn <= 1000:
-        raise ValueError("swapnet: learn=%r is not a number of inferences in 0..1000 (0: never)" % (learn,))
+    if isinstance(learn, bool) or not isinstance(learn, int) or not (learn == 0 or 3 <= learn <= 1000):
+        raise ValueError("swapnet: learn=%r is not 0 (never) or a number of inferences in 3..1000" % (learn,))
     return json.dumps({"plan": plan, "read_ahead": read_ahead, "verify": verify, "device": device,
                        "profile": os.fspath(profile) if profile else "", "learn": learn})
 

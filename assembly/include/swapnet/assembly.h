@@ -335,9 +335,13 @@ struct ExecutorOptions {
   // Not learned: a plan given by `partition`/`blocks`, kEqual, the GPU (kernels run after the
   // thread goes on, so the thread does not see a layer's time), and an inference that measured
   // a new input's activations (weights at their least). Layer times learned show in info().
+  // 0, or 3..kMaxLearnAfter (Executor::open refuses 1 and 2: a window's median needs three
+  // inferences to set one disturbed inference aside).
   int learn_after = 0;
   double learn_threshold = 0.1;
 };
+
+inline constexpr int kMaxLearnAfter = 1000;  // ExecutorOptions::learn_after's largest
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
 SWAPNET_API std::uint64_t default_grid_step(const ImageInfo& info);

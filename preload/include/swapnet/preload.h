@@ -52,7 +52,7 @@
 //                                    device profile's, and the model re-planned with them when its
 //                                    predicted time is more than 10 % off (Note [Learning the
 //                                    costs in service] in assembly/src/executor.cpp); a value
-//                                    that is not a number 0..1000 is said once and 3 is used.
+//                                    other than 0 or 3..1000 is said once and 3 is used.
 //   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
 //     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
 //                    bytes_read=N inferences=N
