@@ -349,18 +349,25 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (o.mode == "swapnet") {
     if (!o.trace.empty()) trace_start();  // before open: the executor takes a group in the trace
     auto ex = Executor::open(path, eo);
-    const ExecutionPlan& p = ex->plan();
-    pinned = p.pinned_bytes;
-    arena_bytes = p.arena_bytes;
-    resident_bytes = p.resident_bytes;
-    predicted_ms = p.predicted_ms;
-    for (size_t b = 0; b < p.blocks.size(); ++b) {
-      plan_json.push_back({p.blocks[b].first, p.blocks[b].second});
-      resident_json.push_back(static_cast<int>(p.resident[b]));
-    }
-    plan_facts = {{"read_ahead", to_string(p.read_ahead)}, {"pair_bytes", p.pair_bytes},
-                  {"plan_read_bytes", p.read_bytes}, {"retained_bytes", p.retained_bytes},
-                  {"min_read_bytes", min_read_bytes(info, eo)}};
+    // The plan's facts in the JSON: at open, and again after --learn's warm-up re-planned.
+    auto describe = [&](const ExecutionPlan& p) {
+      pinned = p.pinned_bytes;
+      arena_bytes = p.arena_bytes;
+      resident_bytes = p.resident_bytes;
+      predicted_ms = p.predicted_ms;
+      plan_json = json::array();
+      resident_json = json::array();
+      for (size_t b = 0; b < p.blocks.size(); ++b) {
+        plan_json.push_back({p.blocks[b].first, p.blocks[b].second});
+        resident_json.push_back(static_cast<int>(p.resident[b]));
+      }
+      plan_facts["read_ahead"] = to_string(p.read_ahead);
+      plan_facts["pair_bytes"] = p.pair_bytes;
+      plan_facts["plan_read_bytes"] = p.read_bytes;
+      plan_facts["retained_bytes"] = p.retained_bytes;
+    };
+    describe(ex->plan());
+    plan_facts["min_read_bytes"] = min_read_bytes(info, eo);
     backend = to_string(ex->backend());
     memory = to_string(ex->memory());
     Executor::PipelineStats ps0;
@@ -371,7 +378,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
               disk0 = ex->bytes_read();
               if (!o.trace.empty()) trace_start();  // the timed inferences only
             },
-            [&] { return ex->learning().replans > 0; });
+            [&] { return ex->learning().adopted > 0; });
     if (!o.trace.empty()) trace_write(o.trace).throw_if_error();
     const Executor::PipelineStats ps1 = ex->pipeline_stats();
     // How long the disk had a read of ours during the timed inferences: near all of their time
@@ -413,21 +420,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                   {"planned_read_mb_s", l.planned_read_mb_s},
                   {"predicted_at_open_ms", predicted_ms},
                   {"num_blocks_at_open", plan_json.size()}};
-      // What the timed inferences ran: the plan in force at the end.
-      const ExecutionPlan& q = ex->plan();
-      predicted_ms = q.predicted_ms;
-      resident_bytes = q.resident_bytes;
-      arena_bytes = q.arena_bytes;
-      pinned = q.pinned_bytes;
-      plan_json = json::array();
-      resident_json = json::array();
-      for (size_t b = 0; b < q.blocks.size(); ++b) {
-        plan_json.push_back({q.blocks[b].first, q.blocks[b].second});
-        resident_json.push_back(static_cast<int>(q.resident[b]));
-      }
-      plan_facts["pair_bytes"] = q.pair_bytes;
-      plan_facts["plan_read_bytes"] = q.read_bytes;
-      plan_facts["retained_bytes"] = q.retained_bytes;
+      describe(ex->plan());  // what the timed inferences ran: the plan in force at the end
     }
   } else if (o.mode == "naive") {
     // Note [An honest naive path]; --blocks / --partition are ignored: naive's blocks must

@@ -443,6 +443,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   std::uint64_t peak_sum = 0;
   for (int i = 0; i < n; ++i) {
     const ModelStatus& m = st[i];
+    const Executor::Learning learned = rt->executor(i).learning();
     json mj = {{"name", m.name},
                {"image", s.models[i].rt.image},
                {"urgency", s.models[i].rt.urgency},
@@ -477,8 +478,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"budget_changes", m.budget_changes},
                {"mid_inference_moves", m.mid_inference_moves},
                // --learn (Note [Learning the costs in service]): windows checked, learned plans in force.
-               {"learn_windows", rt->executor(i).learning().windows},
-               {"learned_plans", rt->executor(i).learning().adopted}};
+               {"learn_windows", learned.windows},
+               {"learned_plans", learned.adopted}};
     if (o.check) {
       mj["equal"] = static_cast<bool>(equal[i]);
       mj["max_abs_diff"] = max_diff[i];

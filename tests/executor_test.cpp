@@ -36,7 +36,6 @@ using test_util::pack;
 using test_util::Packed;
 using test_util::reference;
 using test_util::packed;
-using test_util::with_layer_times;
 
 
 
@@ -865,7 +864,7 @@ TEST(Executor, LargerInputsAreMeasuredWithinTheBudgetOrRefused) {
 TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   const int last = static_cast<int>(pk.info.layers.size()) - 1;
-  const std::string img = with_layer_times(pk, "resnet18-slow-last", [&](int k, double t) { return k == last ? 1e4 : t; });
+  const std::string img = test_util::with_slow_last_layer(pk, "resnet18-slow-last");
   at::Tensor x = torch::randn({1, 3, 64, 64});
   const c10::IValue expected = reference(pk.m, x);
   install_cpu_meter();
@@ -923,7 +922,7 @@ TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
 TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   const int last = static_cast<int>(pk.info.layers.size()) - 1;
-  const std::string img = with_layer_times(pk, "resnet18-slow-last-grid", [&](int k, double t) { return k == last ? 1e4 : t; });
+  const std::string img = test_util::with_slow_last_layer(pk, "resnet18-slow-last-grid");
   at::Tensor x = torch::randn({1, 3, 64, 64});
   const c10::IValue expected = reference(pk.m, x);
   ExecutorOptions o;

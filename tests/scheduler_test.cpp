@@ -414,9 +414,8 @@ std::vector<RuntimeModel> specs(const Models& s) {
 // bit-identical, nothing over budget.
 TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
   Models s = small_models();
-  const int last = static_cast<int>(s.pk[0].info.layers.size()) - 1;
   std::vector<RuntimeModel> v = specs(s);
-  v[0].image = test_util::with_layer_times(s.pk[0], "resnet18-slow-last-rt", [&](int k, double t) { return k == last ? 1e4 : t; });
+  v[0].image = test_util::with_slow_last_layer(s.pk[0], "resnet18-slow-last-rt");
   v[0].name = "slow";
   for (auto& m : v) m.options.learn_after = 3;
   auto open = Runtime::open(v, 1u << 30);

@@ -227,6 +227,15 @@ std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
              : 0;
 }
 
+// What the partitioner (search and budget grid) is told of these options.
+PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o) {
+  PartitionOptions po;
+  po.residency = o.residency;
+  po.read_ahead = effective_read_ahead(o);
+  po.lend = lend_for(info, o);
+  return po;
+}
+
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
   const ReadAhead ra = effective_read_ahead(o);
   const std::uint64_t lend = lend_for(info, o);
@@ -270,11 +279,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   if (o.planner == ExecutorOptions::Planner::kOptimal) {
     const std::uint64_t reserve = planning_reserve(info, sk, o);
     if (o.budget > reserve) {
-      PartitionOptions po;
-      po.residency = o.residency;
-      po.read_ahead = ra;
-      po.lend = lend;
-      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, po);
+      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, partition_options(info, o));
       if (best.feasible) {
         ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
                                       best.retain_block, best.retained_bytes, lend);
@@ -1331,7 +1336,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   }
   m.verified.assign(m.info.layers.size(), false);
   m.fixed_plan = !options.partition.empty() || options.blocks > 0;
-  if (options.learn_after < 0 || options.learn_after == 1 || options.learn_after == 2 || options.learn_after > kMaxLearnAfter) {
+  if (!learn_after_valid(options.learn_after)) {
     throw Error(image + ": learn_after " + std::to_string(options.learn_after) + " is not 0 (never) or 3.." +
                 std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
                 "inference aside");
@@ -1339,11 +1344,8 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
-    PartitionOptions po;
-    po.residency = options.residency;
-    po.read_ahead = effective_read_ahead(m.opt);
-    po.lend = lend_for(m.info, m.opt);
-    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step, po);
+    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
+                                              partition_options(m.info, m.opt));
   }
   adopt(m, std::move(p));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
@@ -1816,7 +1818,8 @@ void learn_costs(Executor::Impl& m, bool whole) {
   l.read_mb_s = rate / 1e6;
   l.planned_read_mb_s = planned_rate / 1e6;
   // The plan in force, predicted with the costs measured and with those planned with.
-  std::vector<LayerCost> costs = layer_costs(m.info, m.opt);
+  const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
+  std::vector<LayerCost> costs = planned_costs;
   CostModel cm = m.opt.cost;
   const bool times = m.opt.measured_exec;
   const bool reads = rate > 0 && planned_rate > 0;
@@ -1831,7 +1834,6 @@ void learn_costs(Executor::Impl& m, bool whole) {
                        m.plan.retained_bytes, lend)
         .predicted_ms;
   };
-  const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
   const double now_planned = predicted(planned_costs, m.opt.cost);
   const double now_measured = predicted(costs, cm);
   l.plan_error = now_planned > 0 ? now_measured / now_planned - 1 : 0;
@@ -1886,10 +1888,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   const auto t0 = std::chrono::steady_clock::now();
   if (m.grid) {
     // The table is rebuilt off this thread; the plan in force runs until it is ready.
-    PartitionOptions po;
-    po.residency = m.opt.residency;
-    po.read_ahead = effective_read_ahead(m.opt);
-    po.lend = lend_for(m.info, m.opt);
+    const PartitionOptions po = partition_options(m.info, m.opt);
     std::vector<LayerCost> learned_costs = layer_costs(m.info, m.opt);
     const CostModel learned_cm = m.opt.cost;
     const std::uint64_t step = m.opt.grid_step;
@@ -2486,11 +2485,8 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
   std::uint64_t reserve = m.grid_reserve;
   if (table == nullptr) {
     reserve = planning_reserve(m.info, m.sk, m.opt);
-    PartitionOptions po;
-    po.residency = m.opt.residency;
-    po.read_ahead = effective_read_ahead(m.opt);
-    po.lend = lend_for(m.info, m.opt);
-    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info), po);
+    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info),
+                                             partition_options(m.info, m.opt));
     table = local.get();
   }
   std::vector<std::pair<std::uint64_t, double>> curve;

@@ -97,7 +97,7 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
   eo.learn_after = learn;
   if (o.contains("learn")) {
     const auto& v = o["learn"];
-    if (!v.is_number_integer() || !(v.get<std::int64_t>() == 0 || (v.get<std::int64_t>() >= 3 && v.get<std::int64_t>() <= kMaxLearnAfter))) {
+    if (!v.is_number_integer() || !learn_after_valid(v.get<std::int64_t>())) {
       throw Error(image + ": learn " + v.dump() + " is not 0 (never) or a number of inferences in 3..1000");
     }
     eo.learn_after = o["learn"].get<int>();
@@ -128,7 +128,7 @@ int learn_from_env() {
   char* end = nullptr;
   errno = 0;
   const long n = std::strtol(v, &end, 10);
-  if (errno != 0 || *end != '\0' || !(n == 0 || (n >= 3 && n <= kMaxLearnAfter))) {
+  if (errno != 0 || *end != '\0' || !learn_after_valid(n)) {
     log_once(LogLevel::kWarn, "swapnet_learn_env",
              std::string("SWAPNET_LEARN='") + v + "' is not 0 (never) or a number of inferences in 3..1000: learning every " +
                  std::to_string(kPythonLearnAfter));

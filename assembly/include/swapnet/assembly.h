@@ -342,6 +342,8 @@ struct ExecutorOptions {
 };
 
 inline constexpr int kMaxLearnAfter = 1000;  // ExecutorOptions::learn_after's largest
+// 0 (never) or 3..kMaxLearnAfter: what Executor::open takes for learn_after.
+inline bool learn_after_valid(long long n) { return n == 0 || (n >= 3 && n <= kMaxLearnAfter); }
 
 // A PartitionTable step for `info` when none is asked for: 1/64 of the model, at least 1 MiB.
 SWAPNET_API std::uint64_t default_grid_step(const ImageInfo& info);
