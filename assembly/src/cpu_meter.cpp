@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_meter.h"
+#include "torch_compat.h"
 #include "swapnet/assembly.h"
 
 namespace swapnet {
@@ -251,7 +252,7 @@ void meter_free(void* data) {
 
 class MeterAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) SWAPNET_ALLOCATE_CONST override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &meter_free, c10::Device(c10::DeviceType::CPU));
     const std::int32_t account = t_account;
     if (account > 0) {
@@ -290,6 +291,7 @@ class MeterAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &meter_free, c10::Device(c10::DeviceType::CPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &meter_free; }
+  SWAPNET_ALLOCATOR_COPY_DATA
 };
 
 }  // namespace

@@ -23,6 +23,8 @@
 
 #include <torch/csrc/jit/serialization/import.h>
 
+#include "torch_compat.h"
+
 #include <cstdio>
 
 #include "internal.h"
@@ -34,11 +36,20 @@ using torch::jit::ExtraFilesMap;
 using torch::jit::Module;
 
 // The helper decides and returns the module: swapped, or what `real` (the interposed libtorch
-// function, of the form `kind` names) returns. The module is only ever returned, never held
-// here: constructing or destroying one would make this library need libtorch's symbols.
+// function, of the form `kind` names, called with `flags`) returns. The module is only ever
+// returned, never held here: constructing or destroying one would make this library need
+// libtorch's symbols.
 enum Kind : int { kLoad3 = 0, kLoad2 = 1, kImport4 = 2 };
 using Hook = Module (*)(void* real, int kind, std::shared_ptr<CompilationUnit> cu, const std::string& file,
-                        c10::optional<c10::Device> device, ExtraFilesMap* extra);
+                        c10::optional<c10::Device> device, ExtraFilesMap* extra, const swapnet::compat::JitFlags* flags);
+
+// The definitions below stand in front of these declarations of libtorch's header: each must
+// have their exact parameters (torch_compat.h), or it would interpose nothing.
+// (Unevaluated: a signature libtorch does not declare fails to compile.)
+static_assert(sizeof(static_cast<swapnet::compat::Load3>(&torch::jit::load)) > 0, "torch::jit::load(file, device, extra)");
+static_assert(sizeof(static_cast<swapnet::compat::Load2>(&torch::jit::load)) > 0, "torch::jit::load(file, device)");
+static_assert(sizeof(static_cast<swapnet::compat::Import4>(&torch::jit::import_ir_module)) > 0,
+              "torch::jit::import_ir_module(cu, file, device, extra)");
 
 thread_local bool inside = false;
 
@@ -76,51 +87,51 @@ namespace torch {
 namespace jit {
 
 __attribute__((visibility("default"))) Module load(const std::string& filename, c10::optional<c10::Device> device,
-                                                   ExtraFilesMap& extra_files) {
-  using Fn = Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&);
-  static Fn real = reinterpret_cast<Fn>(real_of(reinterpret_cast<void*>(
-      static_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(&load))));
+                                                   ExtraFilesMap& extra_files SWAPNET_LOAD_FLAG_PARAMS) {
+  using Fn = swapnet::compat::Load3;
+  static Fn real = reinterpret_cast<Fn>(real_of(reinterpret_cast<void*>(static_cast<Fn>(&load))));
   if (real == nullptr) missing("torch::jit::load");
+  const swapnet::compat::JitFlags flags = SWAPNET_LOAD_FLAGS;
   if (!inside) {
     if (Hook h = hook()) {
       Guard g;
-      return h(reinterpret_cast<void*>(real), kLoad3, nullptr, filename, device, &extra_files);
+      return h(reinterpret_cast<void*>(real), kLoad3, nullptr, filename, device, &extra_files, &flags);
     }
   }
-  return real(filename, device, extra_files);
+  return swapnet::compat::call_load3(reinterpret_cast<void*>(real), filename, device, extra_files, flags);
 }
 
-__attribute__((visibility("default"))) Module load(const std::string& filename, c10::optional<c10::Device> device) {
-  using Fn = Module (*)(const std::string&, c10::optional<c10::Device>);
-  static Fn real = reinterpret_cast<Fn>(
-      real_of(reinterpret_cast<void*>(static_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(&load))));
+__attribute__((visibility("default"))) Module load(const std::string& filename,
+                                                   c10::optional<c10::Device> device SWAPNET_LOAD_FLAG_PARAMS) {
+  using Fn = swapnet::compat::Load2;
+  static Fn real = reinterpret_cast<Fn>(real_of(reinterpret_cast<void*>(static_cast<Fn>(&load))));
   if (real == nullptr) missing("torch::jit::load");
+  const swapnet::compat::JitFlags flags = SWAPNET_LOAD_FLAGS;
   if (!inside) {
     if (Hook h = hook()) {
       Guard g;
-      return h(reinterpret_cast<void*>(real), kLoad2, nullptr, filename, device, nullptr);
+      return h(reinterpret_cast<void*>(real), kLoad2, nullptr, filename, device, nullptr, &flags);
     }
   }
-  return real(filename, device);
+  return swapnet::compat::call_load2(reinterpret_cast<void*>(real), filename, device, flags);
 }
 
 __attribute__((visibility("default"))) Module import_ir_module(std::shared_ptr<CompilationUnit> cu,
                                                                const std::string& filename,
                                                                c10::optional<c10::Device> device,
-                                                               ExtraFilesMap& extra_files) {
-  using Fn = Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
-                        ExtraFilesMap&);
-  static Fn real = reinterpret_cast<Fn>(real_of(reinterpret_cast<void*>(
-      static_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
-                             ExtraFilesMap&)>(&import_ir_module))));
+                                                               ExtraFilesMap& extra_files SWAPNET_IMPORT_FLAG_PARAMS) {
+  using Fn = swapnet::compat::Import4;
+  static Fn real = reinterpret_cast<Fn>(real_of(reinterpret_cast<void*>(static_cast<Fn>(&import_ir_module))));
   if (real == nullptr) missing("torch::jit::import_ir_module");
+  const swapnet::compat::JitFlags flags = SWAPNET_IMPORT_FLAGS;
   if (!inside) {
     if (Hook h = hook()) {
       Guard g;
-      return h(reinterpret_cast<void*>(real), kImport4, std::move(cu), filename, device, &extra_files);
+      return h(reinterpret_cast<void*>(real), kImport4, std::move(cu), filename, device, &extra_files, &flags);
     }
   }
-  return real(std::move(cu), filename, device, extra_files);
+  return swapnet::compat::call_import4(reinterpret_cast<void*>(real), std::move(cu), filename, device, extra_files,
+                                       flags);
 }
 
 }  // namespace jit

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "classes.h"
+#include "torch_compat.h"
 #include "swapnet/scheduler.h"
 #include "swapnet/swapcore.h"
 
@@ -450,6 +451,7 @@ struct Real {
   void* fn = nullptr;
   int kind = 0;
   c10::optional<c10::Device> device;
+  compat::JitFlags flags;  // the call's trailing flags (libtorch 2.x)
   // The call the program made (its compilation unit and extra files, either may be absent).
   Module call(std::shared_ptr<CompilationUnit> cu, const std::string& file, ExtraFilesMap* extra) const;
   // A load of our own (the fallback of a model that cannot be swapped).
@@ -566,14 +568,12 @@ Module Real::call(std::shared_ptr<CompilationUnit> cu, const std::string& file, 
   ExtraFilesMap& files = extra ? *extra : none;
   switch (kind) {
     case kLoad3:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>, ExtraFilesMap&)>(fn)(file, device,
-                                                                                                         files);
+      return compat::call_load3(fn, file, device, files, flags);
     case kLoad2:
-      return reinterpret_cast<Module (*)(const std::string&, c10::optional<c10::Device>)>(fn)(file, device);
+      return compat::call_load2(fn, file, device, flags);
     default:
-      return reinterpret_cast<Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, c10::optional<c10::Device>,
-                                         ExtraFilesMap&)>(fn)(cu ? std::move(cu) : std::make_shared<CompilationUnit>(),
-                                                              file, device, files);
+      return compat::call_import4(fn, cu ? std::move(cu) : std::make_shared<CompilationUnit>(), file, device, files,
+                                  flags);
   }
 }
 
@@ -593,9 +593,9 @@ Module Real::load(const std::string& file) const {
 // libtorch function returns. Any failure of swapnet's own loads the model normally (said).
 extern "C" __attribute__((visibility("default"))) torch::jit::Module swapnet_transparent_load(
     void* real, int kind, std::shared_ptr<torch::jit::CompilationUnit> cu, const std::string& file,
-    c10::optional<c10::Device> device, torch::jit::ExtraFilesMap* extra) {
+    c10::optional<c10::Device> device, torch::jit::ExtraFilesMap* extra, const swapnet::compat::JitFlags* flags) {
   using namespace swapnet;
-  const Real r{real, kind, device};
+  const Real r{real, kind, device, flags ? *flags : compat::JitFlags{}};
   try {
     if (loading_real) {
       // a load made by Real::load: libtorch's own

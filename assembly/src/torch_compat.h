@@ -1,0 +1,108 @@
+// The differences between the libtorch versions swapnet builds against: Debian's 1.13 (this
+// project's CI) and pip's 2.x (the GPU machines, scripts/gpu-check.sh). Every `#if` on the torch
+// version lives here; the code uses the names below.
+//
+// - c10::Allocator: allocate() lost its const, and copy_data() became pure virtual (2.3).
+// - torch::jit::load gained a trailing `bool load_debug_files` (2.0), and import_ir_module with
+//   extra files `bool load_debug_files, bool restore_shapes` (2.1). The preload defines these
+//   functions to stand in front of libtorch's, so its definitions must have libtorch's exact
+//   parameters: jit_load.cpp checks each one against libtorch's header before defining it.
+#pragma once
+
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/version.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#define SWAPNET_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// ---- c10::Allocator ------------------------------------------------------------------------
+#if SWAPNET_TORCH_AT_LEAST(2, 3)
+#define SWAPNET_ALLOCATE_CONST
+#define SWAPNET_ALLOCATOR_COPY_DATA \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#else
+#define SWAPNET_ALLOCATE_CONST const
+#define SWAPNET_ALLOCATOR_COPY_DATA
+#endif
+
+// ---- torch::jit::load and import_ir_module (from a file) -----------------------------------
+// SWAPNET_LOAD_FLAG_PARAMS / SWAPNET_IMPORT_FLAG_PARAMS: the trailing parameters of the
+// interposed definitions; SWAPNET_LOAD_FLAGS / SWAPNET_IMPORT_FLAGS: their values, as JitFlags.
+#if SWAPNET_TORCH_AT_LEAST(2, 0)
+#define SWAPNET_LOAD_FLAG_PARAMS , bool load_debug_files
+#define SWAPNET_LOAD_FLAGS (::swapnet::compat::JitFlags{load_debug_files, false})
+#else
+#define SWAPNET_LOAD_FLAG_PARAMS
+#define SWAPNET_LOAD_FLAGS (::swapnet::compat::JitFlags{})
+#endif
+#if SWAPNET_TORCH_AT_LEAST(2, 1)
+#define SWAPNET_IMPORT_FLAG_PARAMS , bool load_debug_files, bool restore_shapes
+#define SWAPNET_IMPORT_FLAGS (::swapnet::compat::JitFlags{load_debug_files, restore_shapes})
+#else
+#define SWAPNET_IMPORT_FLAG_PARAMS
+#define SWAPNET_IMPORT_FLAGS (::swapnet::compat::JitFlags{})
+#endif
+
+namespace swapnet {
+namespace compat {
+
+using torch::jit::CompilationUnit;
+using torch::jit::ExtraFilesMap;
+using torch::jit::Module;
+using Device = c10::optional<c10::Device>;
+
+// What a program passed in the trailing flags (the defaults where this libtorch has none).
+struct JitFlags {
+  bool load_debug_files = true;
+  bool restore_shapes = false;
+};
+
+// The interposed functions' types: torch::jit::load with and without extra files, and
+// torch::jit::import_ir_module with extra files (what Python's torch.jit.load calls).
+#if SWAPNET_TORCH_AT_LEAST(2, 0)
+using Load3 = Module (*)(const std::string&, Device, ExtraFilesMap&, bool);
+using Load2 = Module (*)(const std::string&, Device, bool);
+#else
+using Load3 = Module (*)(const std::string&, Device, ExtraFilesMap&);
+using Load2 = Module (*)(const std::string&, Device);
+#endif
+#if SWAPNET_TORCH_AT_LEAST(2, 1)
+using Import4 = Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, Device, ExtraFilesMap&, bool, bool);
+#else
+using Import4 = Module (*)(std::shared_ptr<CompilationUnit>, const std::string&, Device, ExtraFilesMap&);
+#endif
+
+inline Module call_load3(void* fn, const std::string& file, Device device, ExtraFilesMap& extra, const JitFlags& f) {
+#if SWAPNET_TORCH_AT_LEAST(2, 0)
+  return reinterpret_cast<Load3>(fn)(file, device, extra, f.load_debug_files);
+#else
+  (void)f;
+  return reinterpret_cast<Load3>(fn)(file, device, extra);
+#endif
+}
+
+inline Module call_load2(void* fn, const std::string& file, Device device, const JitFlags& f) {
+#if SWAPNET_TORCH_AT_LEAST(2, 0)
+  return reinterpret_cast<Load2>(fn)(file, device, f.load_debug_files);
+#else
+  (void)f;
+  return reinterpret_cast<Load2>(fn)(file, device);
+#endif
+}
+
+inline Module call_import4(void* fn, std::shared_ptr<CompilationUnit> cu, const std::string& file, Device device,
+                           ExtraFilesMap& extra, const JitFlags& f) {
+#if SWAPNET_TORCH_AT_LEAST(2, 1)
+  return reinterpret_cast<Import4>(fn)(std::move(cu), file, device, extra, f.load_debug_files, f.restore_shapes);
+#else
+  (void)f;
+  return reinterpret_cast<Import4>(fn)(std::move(cu), file, device, extra);
+#endif
+}
+
+}  // namespace compat
+}  // namespace swapnet
