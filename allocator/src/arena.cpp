@@ -107,6 +107,7 @@ std::unique_ptr<Arena> Arena::create(std::uint64_t capacity, MemoryKind kind) {
       throw Error("arena: cudaMallocManaged(" + std::to_string(capacity) + " bytes) failed: " + cudaGetErrorString(err));
     }
     base = static_cast<char*>(p);
+    gpu_managed_made(base, capacity);
   }
 #endif
   char* device_base = nullptr;

@@ -43,11 +43,15 @@ SWAPNET_API const DeviceInfo& cuda_device();
 enum class MemoryKind { kManaged, kHost, kRegistered };
 SWAPNET_API const char* to_string(MemoryKind k);
 
-// Discrete GPUs that access managed memory concurrently (H100/H200): starts migrating
-// [p, p+bytes) to device 0 on the shim's own stream, so kernels find the pages there (a hint:
-// kernels that start earlier fault the rest in). Integrated GPUs (Jetson: same DRAM,
-// concurrentManagedAccess == 0, where prefetches are refused) and machines without a usable GPU:
-// nothing. A failure is logged once and changes nothing else.
+// How blocks in managed memory reach a discrete GPU that accesses managed memory concurrently
+// (H100/H200): SWAPNET_GPU_PREFETCH = host (default) | advise | prefetch | none (Note [Managed
+// memory on a discrete GPU], cuda_shim.cpp). Integrated GPUs (Jetson: same DRAM) and machines
+// without a usable GPU: nothing is done. A failure is logged once and changes nothing else.
+SWAPNET_API const char* gpu_handover();
+// A managed arena was made: "host" advises it to stay in host memory, mapped for device 0.
+SWAPNET_API void gpu_managed_made(void* p, std::uint64_t bytes);
+// A block landed at [p, p+bytes): "prefetch" and "advise" start migrating it to device 0 on the
+// shim's own stream (a hint: kernels that start earlier fault the rest in).
 SWAPNET_API void gpu_prefetch(const void* p, std::uint64_t bytes);
 
 // Bytes of memory this process holds through swapnet's allocator, process-wide.
