@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -340,7 +339,7 @@ TEST(Image, WriteFailuresLeaveTheOldImageAndNoPartialFile) {
   const std::string before = slurp(img);
   auto partials = [&] {
     int n = 0;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().string().find(".partial-") != std::string::npos;
+    for (const auto& e : test_util::list_dir(dir)) n += e.find(".partial-") != std::string::npos;
     return n;
   };
   auto write_big = [&] {

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -581,7 +580,7 @@ TEST(Runtime, ACutBelowTheMinimumsPausesOneModelAndKeepsTheOther) {
 TEST(Runtime, FaultsInOneModelFailItsRequestsAndTheOtherKeepsServing) {
   Models s = small_models();
   const std::string img = s.pk[0].img + ".served", keep = img + ".keep";
-  std::filesystem::copy_file(s.pk[0].img, img, std::filesystem::copy_options::overwrite_existing);
+  test_util::spit(img, test_util::slurp(s.pk[0].img));
   std::atomic<int> fault{0};  // 1: every read fails with EIO; 2: reads return at most 4 KiB
   std::vector<RuntimeModel> v = specs(s);
   v[0].image = img;
@@ -615,7 +614,7 @@ TEST(Runtime, FaultsInOneModelFailItsRequestsAndTheOtherKeepsServing) {
 
   // Replaced, then deleted at its path: the open file is read on, whole.
   ASSERT_EQ(::link(img.c_str(), keep.c_str()), 0);
-  std::filesystem::copy_file(s.pk[1].img, img + ".new", std::filesystem::copy_options::overwrite_existing);
+  test_util::spit(img + ".new", test_util::slurp(s.pk[1].img));
   ASSERT_EQ(::rename((img + ".new").c_str(), img.c_str()), 0);
   EXPECT_TRUE(equal(0)) << "replaced: serves the model it opened";
   ASSERT_EQ(::unlink(img.c_str()), 0);

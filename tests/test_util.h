@@ -1,17 +1,19 @@
 // Helpers shared by the torch-facing tests: model paths and error messages.
 #pragma once
 
+#include <dirent.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "swapnet/swapcore.h"
 
@@ -44,6 +46,31 @@ inline void reseal(std::string& b) {
   std::memcpy(&b[4088], &head_sum, 8);
 }
 
+// No std::filesystem in the tests: pip's libtorch (2.5 and later, pytorch/pytorch#133437)
+// exports the std::filesystem of the libstdc++ it was linked with statically, which a test
+// binary then calls instead of its own: on the GPU machine (torch 2.11) every test that removed
+// its temporary directory at exit crashed there. POSIX calls instead.
+
+// Removes `path` and everything under it; errors are ignored (a cleanup).
+inline void remove_tree(const std::string& path) {
+  (void)::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { (void)::remove(p); return 0; }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+// The names of the entries of directory `dir` (not . and ..).
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
 // A directory made under /tmp (`prefix` + a unique suffix) and removed with everything in it
 // when the object goes. Tests run ~200 processes a run; leaving their files behind filled /tmp.
 class ScopedTempDir {
@@ -53,10 +80,7 @@ class ScopedTempDir {
     if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp " + t + " failed");
     path_ = t;
   }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  ~ScopedTempDir() { remove_tree(path_); }
   ScopedTempDir(const ScopedTempDir&) = delete;
   ScopedTempDir& operator=(const ScopedTempDir&) = delete;
   const std::string& path() const { return path_; }

@@ -35,7 +35,9 @@ std::uint64_t fnv(const at::Tensor& t, std::uint64_t h = 1469598103934665603ull)
 void to_cuda() {
   using Owns = int (*)(const void*);
   auto owns = reinterpret_cast<Owns>(dlsym(RTLD_DEFAULT, "swapnet_preload_owns"));
-  at::Tensor a = torch::arange(4096, torch::kFloat).reshape({64, 64}) * 0.5;
+  // Small integers: every product and sum is exact in float (and TF32), so the GPU's matrix
+  // product equals the CPU's bit for bit whatever order it adds in.
+  at::Tensor a = torch::arange(4096, torch::kFloat).remainder(16).reshape({64, 64});
   const void* ptr = a.data_ptr();
   const at::Tensor expect = torch::mm(a, a).sum(1);
   try {
