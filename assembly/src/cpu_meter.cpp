@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_meter.h"
+#define SWAPNET_TORCH_COMPAT_ALLOCATOR_ONLY
 #include "torch_compat.h"
 #include "swapnet/assembly.h"
 

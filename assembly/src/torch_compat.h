@@ -7,14 +7,16 @@
 //   extra files `bool load_debug_files, bool restore_shapes` (2.1). The preload defines these
 //   functions to stand in front of libtorch's, so its definitions must have libtorch's exact
 //   parameters: jit_load.cpp checks each one against libtorch's header before defining it.
+//
+// A file that needs only the allocator part (cpu_meter.cpp, also built against libc10 alone by
+// tests/tsan_unit.sh) defines SWAPNET_TORCH_COMPAT_ALLOCATOR_ONLY first.
 #pragma once
 
-#include <torch/csrc/jit/serialization/import.h>
-#include <torch/version.h>
+// (The path from the include root, which Debian's and pip's layouts share: only
+// torch/csrc/api/include, which libc10-only builds lack, would make it <torch/version.h>.)
+#include <torch/csrc/api/include/torch/version.h>
 
 #include <cstring>
-#include <memory>
-#include <string>
 
 #define SWAPNET_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -28,6 +30,12 @@
 #define SWAPNET_ALLOCATE_CONST const
 #define SWAPNET_ALLOCATOR_COPY_DATA
 #endif
+
+#ifndef SWAPNET_TORCH_COMPAT_ALLOCATOR_ONLY
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <memory>
+#include <string>
 
 // ---- torch::jit::load and import_ir_module (from a file) -----------------------------------
 // SWAPNET_LOAD_FLAG_PARAMS / SWAPNET_IMPORT_FLAG_PARAMS: the trailing parameters of the
@@ -106,3 +114,4 @@ inline Module call_import4(void* fn, std::shared_ptr<CompilationUnit> cu, const 
 
 }  // namespace compat
 }  // namespace swapnet
+#endif  // SWAPNET_TORCH_COMPAT_ALLOCATOR_ONLY
