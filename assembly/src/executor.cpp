@@ -121,11 +121,18 @@ Blocks from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std:
 // One block is kept resident (read once), as before partitions had flags.
 std::vector<char> default_flags(const Blocks& blocks) { return std::vector<char>(blocks.size(), blocks.size() == 1); }
 
+// Layers on the CPU read their blocks into host memory, also where a GPU is usable (the GPU
+// never reads them; on the H100 such runs had lost the ring and the lent reserve). Only pinned
+// memory, asked for by name, stays.
+bool host_blocks(const ExecutorOptions& o) {
+  return o.device == ExecutorOptions::Device::kCPU && o.memory != MemoryKind::kRegistered;
+}
+
 // The pipeline an executor with these options runs: the deep ring is for host memory (the GPU
 // paths keep two blocks, Note [Swapping onto the GPU]).
 ReadAhead effective_read_ahead(const ExecutorOptions& o) {
   if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
-  const bool host = o.device == ExecutorOptions::Device::kCPU && (o.memory == MemoryKind::kHost || !cuda_device().usable);
+  const bool host = host_blocks(o);
   return host && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
 }
 
@@ -220,8 +227,7 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
 // activation reserve]): what adopt() gives the ring as its zone (but for the CPU meter being
 // outranked by a host program's allocator, found only then).
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
-  const bool host = o.memory == MemoryKind::kHost || (o.memory == MemoryKind::kManaged && !cuda_device().usable);
-  return o.lend && o.device == ExecutorOptions::Device::kCPU && host && effective_read_ahead(o) == ReadAhead::kRing &&
+  return o.lend && host_blocks(o) && effective_read_ahead(o) == ReadAhead::kRing &&
                  info.activation_bytes >= (1u << 20) && info.version >= kImageZoneReserveVersion
              ? info.activation_bytes
              : 0;
@@ -854,6 +860,10 @@ struct Executor::Impl {
   // Registers the ring with the reader (Note above adopt) if it is not, and the reader is idle.
   void register_ring() {
     if (registered || !ring || shed_pending) return;  // registering maps (zero-fills) every page
+    if (ring->kind() == MemoryKind::kManaged) {
+      registered = true;  // io_uring cannot pin CUDA managed memory (EFAULT on the H100): unregistered reads
+      return;
+    }
     registered = reader->register_buffers({{ring->kept_begin(), ring->kept() + ring->capacity()}});
   }
 
@@ -1293,6 +1303,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
       m.opt.memory = MemoryKind::kRegistered;
     }
   }
+  if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
   m.cross_inference = options.read_ahead != ReadAhead::kPaper;
   if (m.opt.lend && !m.cuda && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
     // Its activation figures are the bytes live alone; as a zone places them they may need more

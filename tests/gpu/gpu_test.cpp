@@ -9,6 +9,7 @@
 #include <ATen/Context.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <unistd.h>
@@ -69,6 +70,19 @@ TEST_P(Gpu, SwappedRunIsBitIdenticalToDirectGpuInference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Gpu, ::testing::Values("resnet18", "mobilenet_v2", "resnet101"));
+
+// Layers on the CPU of a machine with a GPU run as on one without: blocks in host memory, the
+// deep ring (on the H100 they had gone to managed memory read two ahead, and lost the ring's
+// lower minimum and the lent activation reserve).
+TEST(GpuMachine, CpuLayersReadIntoHostMemoryThroughTheRing) {
+  ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  ExecutorOptions o;  // memory: the default (managed, for layers on the GPU)
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info, o));
+  auto ex = Executor::open(pk.img, o);
+  EXPECT_EQ(ex->memory(), MemoryKind::kHost);
+  EXPECT_EQ(ex->plan().read_ahead, ReadAhead::kRing);
+}
 
 }  // namespace
 }  // namespace swapnet

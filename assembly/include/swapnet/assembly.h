@@ -295,7 +295,10 @@ struct ExecutorOptions {
   // latency when compute already uses every core (docs/executor.md).
   enum class Verify { kFirst, kAlways, kNever } verify = Verify::kFirst;
   ReaderOptions reader;          // block reader settings (swapcore defaults)
-  MemoryKind memory = MemoryKind::kManaged;  // falls back to host memory without a usable GPU
+  // Where blocks are read to, for layers on the GPU: managed (default; pinned host memory on an
+  // integrated GPU), or kRegistered. Layers on the CPU read into host memory whatever this says,
+  // unless it is kRegistered.
+  MemoryKind memory = MemoryKind::kManaged;
   // Where the layers run. kCUDA: blocks are read into managed memory and bound as CUDA tensors
   // in place (no copy; prefetched on discrete GPUs); CPU tensor inputs are moved to the GPU.
   // If O_DIRECT/io_uring refuse managed memory (EFAULT/EOPNOTSUPP), blocks go to pinned host
