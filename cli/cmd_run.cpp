@@ -280,6 +280,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   set_executor_option(&eo, "--verify", o.verify);
   eo.learn_after = o.learn;
   if (o.learn > 0 && o.mode != "swapnet") throw Error("--learn is swapnet's: mode swapnet only");
+  if (!o.learn_store.empty() && o.learn == 0) throw Error("--learn-store " + o.learn_store + " needs --learn N (N in 3..1000)");
+  eo.learn_store = o.learn_store;
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
   if (o.mode == "direct") eo.budget = UINT64_MAX / 4;
   set_executor_option(&eo, "--device", o.device);
@@ -419,6 +421,9 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                   {"read_mb_s", l.read_mb_s},
                   {"planned_read_mb_s", l.planned_read_mb_s},
                   {"predicted_at_open_ms", predicted_ms},
+                  {"loaded_times", l.loaded_times},
+                  {"loaded_rate", l.loaded_rate},
+                  {"stored", l.stored},
                   {"num_blocks_at_open", plan_json.size()}};
       describe(ex->plan());  // what the timed inferences ran: the plan in force at the end
     }
@@ -612,6 +617,7 @@ int run(const std::string& path, const Common& c, const RunOptions& o) {
       if (!o.profile.empty()) args.insert(args.end(), {"--profile", o.profile});
       if (o.check && mode != "direct") args.push_back("--check");
       if (o.learn > 0 && mode == "swapnet") args.insert(args.end(), {"--learn", std::to_string(o.learn)});
+      if (!o.learn_store.empty() && mode == "swapnet") args.insert(args.end(), {"--learn-store", o.learn_store});
       if (!o.trace.empty() && mode == "swapnet" && r + 1 == std::max(1, o.rounds)) args.insert(args.end(), {"--trace", o.trace});
       args.insert(args.end(), {"--verify", o.verify, "--plan", o.plan, "--device", o.device, "--read-ahead", o.read_ahead});
       for (const auto& s : c.input_shapes) args.insert(args.end(), {"--input-shape", s});

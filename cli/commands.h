@@ -96,6 +96,7 @@ struct RunOptions {
   // warm-up is N inferences, so the timed ones run the plan learned; 0: the image's and the
   // profile's costs all along.
   int learn = 0;
+  std::string learn_store;  // --learn-store PATH: ExecutorOptions::learn_store
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
 // What-if device for plan's memory bound: the disk's rate and the whole model's compute time

@@ -130,9 +130,12 @@ int main(int argc, char** argv) {
                   "swapnet's reads cost the compute on this machine)");
   run->add_option("--learn", ro.learn,
                   "mode swapnet: every N inferences, compare the layer times and read rate measured with the "
-                  "image's and the profile's and re-plan with them where they differ by more than 15 %; the "
+                  "image's and the profile's and re-plan with them where they differ by more than 10 %; the "
                   "warm-up is then N inferences (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
+  run->add_option("--learn-store", ro.learn_store,
+                  "with --learn: keep what is learned in this file (JSON), and plan with what it holds from the "
+                  "first inference when it was learned for this image with this many threads");
   run->add_option("--trace", ro.trace,
                   "mode swapnet: write the timed inferences' timeline (layers, waits, reads, the disk's busy time, "
                   "why reads were held) as a Chrome trace JSON for ui.perfetto.dev or bench/trace_summary.py; with "

@@ -959,6 +959,74 @@ TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
   EXPECT_EQ(fixed->info().layers[last].time_ms, 1e4);
 }
 
+// Note [Learned costs kept]: what one executor learned is planned with by the next from its
+// first inference; a store learned for another image, or that is not one, is said and unused;
+// with learning off the store is neither read nor written.
+TEST(Executor, LearnedCostsAreKeptForTheNextExecutor) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const int last = static_cast<int>(pk.info.layers.size()) - 1;
+  const std::string img = test_util::with_slow_last_layer(pk, "resnet18-slow-last-kept");
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  const std::string store = test_util::process_temp_dir() + "/resnet18.learned.json";
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info));
+  o.learn_after = 3;
+  o.learn_store = store;
+  double learned_ms = 0;
+  {
+    auto ex = Executor::open(img, o);
+    EXPECT_FALSE(ex->learning().loaded_times) << "nothing stored yet";
+    EXPECT_GT(ex->plan().predicted_ms, 5e3) << "the image says the last layer takes 10 s";
+    for (int i = 0; i < 12 && ex->learning().stored == 0; ++i) {
+      EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
+    }
+    ASSERT_GE(ex->learning().stored, 1u) << "learned costs were written";
+    learned_ms = ex->plan().predicted_ms;
+    EXPECT_LT(learned_ms, 5e3);
+  }
+  {
+    auto again = Executor::open(img, o);  // the next executor (the next process alike)
+    EXPECT_TRUE(again->learning().loaded_times);
+    EXPECT_LT(again->info().layers[last].time_ms, 100) << "the last layer's learned time";
+    EXPECT_LT(again->plan().predicted_ms, 5e3) << "planned with the learned costs from the start";
+    EXPECT_TRUE(compare_outputs(expected, again->forward({x.clone()})).equal);
+  }
+  {
+    ExecutorOptions off = o;
+    off.learn_after = 0;  // costs as packed: the store is not read
+    auto ex = Executor::open(img, off);
+    EXPECT_FALSE(ex->learning().loaded_times);
+    EXPECT_GT(ex->plan().predicted_ms, 5e3);
+  }
+  {
+    // Another model's image: the store's costs were learned for resnet18's layers.
+    Packed other = packed("mobilenet_v2", {1, 3, 64, 64});
+    ExecutorOptions m = o;
+    m.budget = std::max(other.info.data_size / 3, min_budget(other.info));
+    auto ex = Executor::open(other.img, m);
+    EXPECT_FALSE(ex->learning().loaded_times) << "learned for resnet18, not mobilenet_v2";
+    EXPECT_FALSE(ex->learning().loaded_rate);
+  }
+  {
+    test_util::spit(store, "{not json");
+    auto ex = Executor::open(img, o);  // said, unused, and the run goes on
+    EXPECT_FALSE(ex->learning().loaded_times);
+    EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+  }
+  {
+    ExecutorOptions bad = o;
+    bad.learn_store = "/nonexistent-dir/x.learned.json";  // cannot be written: said, learning goes on
+    auto ex = Executor::open(img, bad);
+    for (int i = 0; i < 12 && ex->learning().replans == 0; ++i) {
+      EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+    }
+    EXPECT_GE(ex->learning().replans, 1u);
+    EXPECT_EQ(ex->learning().stored, 0u);
+    EXPECT_LT(ex->plan().predicted_ms, 5e3);
+  }
+}
+
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
   torch::jit::Module& m = pk.m;

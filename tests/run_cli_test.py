@@ -50,6 +50,21 @@ def main() -> int:
             expect(j.get("openblas_thread_timeout") == want,
                    f"openblas_thread_timeout {j.get('openblas_thread_timeout')!r}, expected {want!r}")
     if name == "resnet18":
+        # --learn-store (Note [Learned costs kept]): needs --learn; the JSON says what was read
+        # and written; a file that is not a store is said and the run goes on.
+        store = os.path.join(work, "learned.json")
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--iters", "1", "--learn-store", store)
+        expect(rc == 2 and "--learn-store" in err and "needs --learn" in err, f"--learn-store alone: exit {rc}, {err!r}")
+        with open(store, "w") as f:
+            f.write("[1, 2")
+        rc, out, err = run(cli, "run", img, "--budget", str(budget), "--iters", "1", "--learn", "3", "--learn-store",
+                           store, "--json")
+        expect(rc == 0, f"--learn 3 --learn-store: exit {rc}: {err}")
+        if rc == 0:
+            lj = json.loads(out)["learning"]
+            expect(lj["loaded_times"] is False and lj["loaded_rate"] is False and lj["stored"] == lj["replans"],
+                   f"--learn-store learning: {lj}")
+            expect("not used" in err and store in err, f"a store that is not one is said: {err[-400:]!r}")
         # A user's own OPENBLAS_THREAD_TIMEOUT is left as it is.
         rc, out, err = run(cli, "run", img, "--mode", "direct", "--iters", "1", "--json",
                            env={"OPENBLAS_THREAD_TIMEOUT": "28"})

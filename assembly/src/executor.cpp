@@ -32,6 +32,7 @@
 // bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -49,11 +50,14 @@
 #include <cstring>
 #include <cmath>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "cpu_meter.h"
 #include "swapnet/assembly.h"
@@ -637,6 +641,8 @@ struct Executor::Impl {
   std::uint64_t grid_epoch = 0;    // grid_builds_epoch() when this inference began
   double learn_gate = 0;           // the plan error that re-plans now (0: learn_threshold)
   Executor::Learning learned;
+  bool times_learned = false;  // the layer times / read rate in force were learned (here or loaded)
+  bool rate_learned = false;
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
   std::uint64_t read_past_streamed = 0;  // blocks pushed while a streamed one waited
@@ -1277,6 +1283,8 @@ c10::IValue evict_from(const c10::IValue& v, const char* lo, const char* hi, std
 // Executor::set_budget with `m.mu` held.
 void set_budget_locked(Executor::Impl& m, std::uint64_t bytes);
 void learn_costs(Executor::Impl& m, bool whole);
+void load_learned(Executor::Impl& m);
+void store_learned(Executor::Impl& m);
 std::uint64_t grid_builds_epoch();
 
 std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
@@ -1321,6 +1329,13 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   }
   for (const auto& pr : m.profiles) m.info.activation_bytes = std::max(m.info.activation_bytes, pr.activation_bytes);
   m.weights_min = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt)) - m.info.activation_bytes;
+  m.fixed_plan = !options.partition.empty() || options.blocks > 0;
+  if (!learn_after_valid(options.learn_after)) {
+    throw Error(image + ": learn_after " + std::to_string(options.learn_after) + " is not 0 (never) or 3.." +
+                std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
+                "inference aside");
+  }
+  load_learned(m);
   ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
   ReaderOptions ro = options.reader;
   if (tracing()) {  // Note [Tracing]: a group of its own, shared with its reader
@@ -1346,12 +1361,6 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
   }
   m.verified.assign(m.info.layers.size(), false);
-  m.fixed_plan = !options.partition.empty() || options.blocks > 0;
-  if (!learn_after_valid(options.learn_after)) {
-    throw Error(image + ": learn_after " + std::to_string(options.learn_after) + " is not 0 (never) or 3.." +
-                std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
-                "inference aside");
-  }
   m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
@@ -1761,6 +1770,126 @@ std::atomic<std::uint64_t> g_grid_epoch{0};
 }  // namespace
 std::uint64_t grid_builds_epoch() { return g_grid_epoch.load(); }
 
+// Note [Learned costs kept]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What an executor learns (Note [Learning the costs in service]) would otherwise die with it: a
+// robot's program that starts again plans with the packing machine's layer times and the
+// profile's read rate, and takes learn_after inferences and a re-plan (with a grid, a rebuild)
+// to learn them again. With ExecutorOptions::learn_store, each time learned costs are taken they
+// are written (whole, to a temporary file renamed over the old) as
+//   {"swapnet_learned": 1, "fingerprint": F, "layers": L, "threads": T,
+//    "layer_ms": [...] or null, "read_mb_s": R or 0}
+// and at open, with learning on, a file whose fingerprint (the image's layer checksums and
+// sizes) and intra-op thread count match is planned with from the first inference: layer
+// times measured with other threads, or for another image (a re-pack changes the checksums),
+// are not this executor's. Learning goes on from there: costs that no longer hold are learned
+// again. A store that cannot be read or written is said once (warn) and changes nothing else;
+// with learn_after 0 the store is neither read nor written (costs as packed and profiled).
+namespace {
+
+std::string learned_fingerprint(const ImageInfo& info) {
+  std::vector<std::uint64_t> v;
+  v.reserve(2 * info.layers.size() + 1);
+  v.push_back(info.data_size);
+  for (const ImageLayer& L : info.layers) {
+    v.push_back(L.checksum);
+    v.push_back(L.size);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(checksum(v.data(), v.size() * sizeof(std::uint64_t))));
+  return hex;
+}
+
+bool learns(const Executor::Impl& m) {
+  return m.opt.learn_after > 0 && !m.cuda && !m.fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
+}
+
+}  // namespace
+
+void load_learned(Executor::Impl& m) {
+  const std::string& path = m.opt.learn_store;
+  if (path.empty() || !learns(m)) return;
+  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return;  // nothing learned yet
+  std::ifstream in(path);
+  if (!in) {
+    log_once(LogLevel::kWarn, "learn_store_read:" + path,
+             m.path + ": learned costs not read from " + path + ": " + std::strerror(errno));
+    return;
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const std::string fp = learned_fingerprint(m.info);
+    const int threads = at::get_num_threads();
+    if (j.value("swapnet_learned", 0) != 1) throw Error("not a learned-costs file (no \"swapnet_learned\": 1)");
+    if (j.at("fingerprint").get<std::string>() != fp) {
+      throw Error("its costs were learned for another image (fingerprint " + j.at("fingerprint").get<std::string>() +
+                  ", this image's " + fp + ")");
+    }
+    if (j.at("threads").get<int>() != threads) {
+      throw Error("its costs were learned with " + std::to_string(j.at("threads").get<int>()) +
+                  " intra-op threads, this process has " + std::to_string(threads));
+    }
+    const nlohmann::json& t = j.at("layer_ms");
+    if (!t.is_null() && m.opt.measured_exec) {
+      if (t.size() != m.info.layers.size()) {
+        throw Error("it has " + std::to_string(t.size()) + " layer times, the image " +
+                    std::to_string(m.info.layers.size()) + " layers");
+      }
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        const double ms = t[i].get<double>();
+        if (!(ms >= 0) || !std::isfinite(ms)) throw Error("layer " + std::to_string(i) + "'s time is not a time");
+      }
+      for (std::size_t i = 0; i < t.size(); ++i) m.info.layers[i].time_ms = t[i].get<double>();
+      m.learned.loaded_times = m.times_learned = true;
+    }
+    const double mb_s = j.at("read_mb_s").get<double>();
+    if (mb_s > 0 && std::isfinite(mb_s)) {
+      m.opt.cost.alpha_ms_per_byte = 1e3 / (mb_s * 1e6);
+      m.learned.loaded_rate = m.rate_learned = true;
+    }
+    log(LogLevel::kInfo, m.path + ": planned with the costs learned before (" + path + ":" +
+                             (m.learned.loaded_times ? " layer times" : "") +
+                             (m.learned.loaded_rate ? " read rate " + std::to_string(mb_s) + " MB/s" : "") + ")");
+  } catch (const std::exception& e) {
+    log_once(LogLevel::kWarn, "learn_store_read:" + path + ":" + e.what(),
+             m.path + ": learned costs in " + path + " not used: " + e.what() + " (they are learned again)");
+  }
+}
+
+void store_learned(Executor::Impl& m) {
+  const std::string& path = m.opt.learn_store;
+  if (path.empty()) return;
+  nlohmann::json j;
+  j["swapnet_learned"] = 1;
+  j["image"] = m.path;
+  j["fingerprint"] = learned_fingerprint(m.info);
+  j["layers"] = m.info.layers.size();
+  j["threads"] = at::get_num_threads();
+  if (m.times_learned) {
+    std::vector<double> t;
+    for (const ImageLayer& L : m.info.layers) t.push_back(L.time_ms);
+    j["layer_ms"] = t;
+  } else {
+    j["layer_ms"] = nullptr;
+  }
+  j["read_mb_s"] = m.rate_learned && m.opt.cost.alpha_ms_per_byte > 0 ? 1e-3 / m.opt.cost.alpha_ms_per_byte : 0.0;
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::string why;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!(out << j.dump(1) << '\n') || !(out.flush())) why = std::strerror(errno);
+  }
+  if (why.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) why = std::strerror(errno);
+  if (!why.empty()) {
+    (void)std::remove(tmp.c_str());
+    log_once(LogLevel::kWarn, "learn_store_write:" + path,
+             m.path + ": learned costs not kept in " + path + ": " + why + " (they are used in this process)");
+    return;
+  }
+  ++m.learned.stored;
+}
+
 void learn_costs(Executor::Impl& m, bool whole) {
   using Ms = std::chrono::duration<double, std::milli>;
   bool adopted_now = false;
@@ -1887,6 +2016,9 @@ void learn_costs(Executor::Impl& m, bool whole) {
   m.learn_io.clear();
   m.learn_io.push_back(io_now);
   ++l.replans;
+  m.times_learned = m.times_learned || take_times;
+  m.rate_learned = m.rate_learned || take_reads;
+  store_learned(m);
   std::string what = "the plan in force would take " + std::to_string(now_measured) +
                      " ms with the costs measured, not the " + std::to_string(now_planned) + " planned (layers " +
                      std::to_string(measured) + " ms in all, not " + std::to_string(planned);

@@ -29,8 +29,12 @@ inline constexpr int kPythonLearnAfter = 3;
 // Transparent swapping's: $SWAPNET_LEARN (0..1000), else kPythonLearnAfter; a value that is not
 // such a number is said once (and kPythonLearnAfter used: the program's model still runs).
 int learn_from_env();
+// Where transparent swapping keeps what an image's executor learned (Note [Learned costs kept]
+// in executor.cpp): beside the image (IMAGE.learned.json), unless $SWAPNET_LEARN_STORE is "off".
+std::string learn_store_for(const std::string& image);
 
-// The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn),
+// The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn,
+// learn_store),
 // with the device profile of this machine when there is one (said once when there is none).
 // `learn`: ExecutorOptions::learn_after when the options do not say ("learn": N).
 ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& options_json,
@@ -154,7 +158,8 @@ struct ExecutorHolder : torch::CustomClassHolder {
       image = open(inputs, &budget);
       install_cpu_meter();
       account = new_cpu_account();
-      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), std::string(), learn_from_env()));
+      json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}};
+      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), o.dump(), learn_from_env()));
       budget_now.store(budget);
       fallback = nullptr;
       if (on_open) on_open(this);
@@ -253,6 +258,8 @@ struct ExecutorHolder : torch::CustomClassHolder {
                 {"learn_replans", learning.replans},
                 {"learn_plan_error", learning.plan_error},
                 {"learn_read_mb_s", learning.read_mb_s},
+                {"learn_loaded", learning.loaded_times || learning.loaded_rate},
+                {"learn_stored", learning.stored},
                 {"predicted_ms", ex->plan().predicted_ms}}
         .dump();
   }

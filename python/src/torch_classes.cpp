@@ -81,7 +81,8 @@ std::string image_info(const std::string& image) {
 
 }  // namespace
 
-// The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile, learn.
+// The options python/swapnet passes as JSON: plan, read_ahead, verify, device, profile, learn,
+// learn_store.
 ExecutorOptions executor_options(const std::string& image, std::int64_t budget, const std::string& text, int learn) {
   if (budget < 0) throw Error(image + ": budget " + std::to_string(budget) + " is negative");
   const json o = text.empty() ? json::object() : json::parse(text);
@@ -102,6 +103,10 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
     }
     eo.learn_after = o["learn"].get<int>();
   }
+  if (o.contains("learn_store")) {
+    if (!o["learn_store"].is_string()) throw Error(image + ": learn_store " + o["learn_store"].dump() + " is not a path");
+    eo.learn_store = o["learn_store"].get<std::string>();
+  }
   // The device profile plans the blocks when there is one for this machine; else the default
   // cost model (said once: `swapnet profile IMAGE` measures one).
   const std::string path = o.value("profile", std::string());
@@ -120,6 +125,12 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
                  "; planning with the default cost model (`swapnet profile IMAGE` measures one)");
   }
   return eo;
+}
+
+std::string learn_store_for(const std::string& image) {
+  const char* v = std::getenv("SWAPNET_LEARN_STORE");
+  if (v != nullptr && std::string(v) == "off") return "";
+  return image + ".learned.json";
 }
 
 int learn_from_env() {

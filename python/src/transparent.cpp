@@ -542,8 +542,8 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
   c10::intrusive_ptr<ExecutorHolder> holder;
   try {
     notices_on();  // a bad SWAPNET_LEARN is said
-    holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget),
-                                                 "{\"learn\": " + std::to_string(learn_from_env()) + "}");
+    const json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}};
+    holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget), o.dump());
   } catch (const std::exception& e) {
     say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
     return c10::nullopt;

@@ -123,11 +123,12 @@ def pack(model, image, example_inputs):
             os.unlink(tmp)
 
 
-def _options(plan, read_ahead, verify, device, profile, learn=3):
+def _options(plan, read_ahead, verify, device, profile, learn=3, learn_store=None):
     if isinstance(learn, bool) or not isinstance(learn, int) or not (learn == 0 or 3 <= learn <= 1000):
         raise ValueError("swapnet: learn=%r is not 0 (never) or a number of inferences in 3..1000" % (learn,))
     return json.dumps({"plan": plan, "read_ahead": read_ahead, "verify": verify, "device": device,
-                       "profile": os.fspath(profile) if profile else "", "learn": learn})
+                       "profile": os.fspath(profile) if profile else "", "learn": learn,
+                       "learn_store": os.fspath(learn_store) if learn_store else ""})
 
 
 def image_info(image):
@@ -145,16 +146,19 @@ class Executor:
 
     learn=N (default 3): every N inferences the layer times and disk read rate measured in them
     are compared with the image's and the device profile's, and the blocks re-planned with them
-    when the plan's predicted time is more than 10 % off (stats['learn_replans']); 0: never."""
+    when the plan's predicted time is more than 10 % off (stats['learn_replans']); 0: never.
+    learn_store=PATH: what is learned is kept there, and the next Executor of this image (in any
+    process, same thread count) plans with it from its first inference (stats['learn_loaded'],
+    stats['learn_stored'])."""
 
     def __init__(self, image, budget, *, plan="auto", read_ahead="ring", verify="first", device="cpu",
-                 profile=None, learn=3):
+                 profile=None, learn=3, learn_store=None):
         self.image = os.fspath(image)
         # A percentage is of the model's full demand: weights and activations ("100%": all resident).
         self.info = image_info(self.image)
         b = parse_size(budget, whole=self.info["full_bytes"], what="budget")
         self._ex = _call(torch.classes.swapnet.Executor, self.image, b,
-                         _options(plan, read_ahead, verify, device, profile, learn))
+                         _options(plan, read_ahead, verify, device, profile, learn, learn_store))
         self._budget = b
 
     def __call__(self, *inputs):

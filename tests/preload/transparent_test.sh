@@ -99,7 +99,7 @@ declined() {  # NAME EXPECTED_MESSAGE ENV...
 declined "budget below the minimum" "is below the minimum" SWAPNET_BUDGET=1MiB
 declined "malformed budget" "SWAPNET_BUDGET='lots'" SWAPNET_BUDGET=lots
 declined "a budget the model fits in" "fits in SWAPNET_BUDGET=100%" SWAPNET_BUDGET=100%
-rm -f "$work"/model.*.swapnet
+rm -f "$work"/model.*.swapnet "$work"/model.*.learned.json  # and what their executors learned (Note [Learned costs kept])
 declined "a failing pack" "pack $work/model.pt -o .* --input-shape 1,3 failed" SWAPNET_BUDGET=40% SWAPNET_INPUT_SHAPE=1,3
 check "a failing pack leaves no file" '! ls "$work"/model.* 2>/dev/null | grep -v "model.pt$" | grep -q .'
 # No image and no SWAPNET_INPUT_SHAPE: made from the inputs of the first forward (Python here).

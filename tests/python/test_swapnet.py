@@ -2,6 +2,7 @@
 bit-identically to the module's own forward, change the budget, read plan and stats, serve
 several models in a Runtime, and fail with Python exceptions that name the file and the value.
 Run by ctest (python.module) with SWAPNET_LIB and SWAPNET_MODELS set."""
+import json
 import os
 import threading
 
@@ -120,6 +121,23 @@ def test_executors_learn_their_costs_unless_told_not_to(packed):
     for bad in (-1, 1, 2, 1001, "3", 2.5, True):
         with pytest.raises(ValueError, match="learn=%r" % (bad,)):
             swapnet.Executor(image, budget=budget, learn=bad)
+
+
+def test_learned_costs_can_be_kept(packed, tmp_path):
+    """Note [Learned costs kept]: learn_store=PATH reaches the executor: a file there that is not
+    a store is not used (said) and the model runs; what is learned is written there
+    (tests/executor_test.cpp checks that the next executor plans with it)."""
+    image, x, ref, _ = packed["resnet18"]
+    budget = swapnet.image_info(image)["min_budget"] * 2
+    store = tmp_path / "resnet18.learned.json"
+    store.write_text("{not json")
+    ex = swapnet.Executor(image, budget=budget, learn_store=store)
+    for _ in range(4):
+        assert torch.equal(ex(x), ref)
+    assert ex.stats["learn_loaded"] is False
+    assert ex.stats["learn_stored"] == ex.stats["learn_replans"]
+    if ex.stats["learn_stored"]:
+        assert json.loads(store.read_text())["swapnet_learned"] == 1
 
 
 def test_pack_a_scripted_module(tmp_path):

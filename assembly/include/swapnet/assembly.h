@@ -342,6 +342,13 @@ struct ExecutorOptions {
   // inferences to set one disturbed inference aside).
   int learn_after = 0;
   double learn_threshold = 0.1;
+  // Note [Learned costs kept]: a file (JSON) where learned costs are written each time they are
+  // taken, and read at open (with learn_after > 0) so that the next executor of this image, in
+  // this process or another, plans with them from its first inference. Only costs learned for
+  // this very image (its layers' checksums) with the same number of threads are taken; another
+  // file, or one that cannot be read or written, is said once and changes nothing else.
+  // Empty: none.
+  std::string learn_store;
 };
 
 inline constexpr int kMaxLearnAfter = 1000;  // ExecutorOptions::learn_after's largest
@@ -549,6 +556,11 @@ class SWAPNET_API Executor {
     // the plan after (with the learned ones).
     double predicted_before_ms = 0;
     double predicted_after_ms = 0;
+    // ExecutorOptions::learn_store: costs were read from it at open (layer times, read rate), and
+    // how many times learned costs were written to it.
+    bool loaded_times = false;
+    bool loaded_rate = false;
+    std::uint64_t stored = 0;
   };
   Learning learning() const;
   CostModel cost() const;  // the cost model planning uses now (its read rate learned, if it was)
