@@ -20,6 +20,8 @@
 // A budget is a size ("843MiB", bytes) or a percentage of the models' total size (weights +
 // activations, as their images record). Relative image paths are looked up next to the
 // scenario file, then in --models (default $SWAPNET_MODELS, else .cache/models).
+#include <sys/stat.h>
+
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/script.h>
@@ -152,12 +154,20 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   std::vector<ImageInfo> infos;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   DeviceProfile prof = device_profile(s.models.front().rt.image, c, o.profile);
+  if (!o.learn_store.empty()) {
+    if (o.learn == 0) throw Error("--learn-store " + o.learn_store + " needs --learn N (N in 3..1000)");
+    struct stat st{};
+    if (::stat(o.learn_store.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      throw Error("--learn-store " + o.learn_store + ": not a directory (each model's costs go to DIR/NAME.learned.json)");
+    }
+  }
   for (auto& m : s.models) {
     ImageInfo info;
     read_image_info(m.rt.image, &info).throw_if_error();
     whole += info.data_size + info.activation_bytes;
     use_profile(prof, &m.rt.options);
     m.rt.options.learn_after = o.learn;
+    if (!o.learn_store.empty()) m.rt.options.learn_store = o.learn_store + "/" + m.rt.name + ".learned.json";
     if (m.rt.threads == 0) m.rt.threads = static_cast<int>(std::max<size_t>(1, cores / s.models.size()));
     infos.push_back(std::move(info));
   }
@@ -479,7 +489,9 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"mid_inference_moves", m.mid_inference_moves},
                // --learn (Note [Learning the costs in service]): windows checked, learned plans in force.
                {"learn_windows", learned.windows},
-               {"learned_plans", learned.adopted}};
+               {"learned_plans", learned.adopted},
+               {"learn_loaded", learned.loaded_times || learned.loaded_rate},
+               {"learn_stored", learned.stored}};
     if (o.check) {
       mj["equal"] = static_cast<bool>(equal[i]);
       mj["max_abs_diff"] = max_diff[i];

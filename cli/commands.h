@@ -162,6 +162,7 @@ struct ServeOptions {
   double slo_scale = 1;       // --slo-scale: every deadline times this
   std::string trace;          // --trace FILE.json: the models' timelines (Note [Tracing] in swapcore)
   int learn = 0;              // --learn N: ExecutorOptions::learn_after of every model
+  std::string learn_store;    // --learn-store DIR: each model's learned costs kept in DIR/NAME.learned.json
 };
 int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
 int ctl(const std::vector<std::string>& words, const std::string& socket);

@@ -217,6 +217,9 @@ int main(int argc, char** argv) {
                     "planned ones, re-plans with them when >10 % off, and the budget is split again with its new "
                     "latency curve (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
+  serve->add_option("--learn-store", so.learn_store,
+                    "with --learn: keep each model's learned costs in DIR/NAME.learned.json, and plan with them "
+                    "from the first inference of the next serve");
   serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
   add_common(serve, common, false, false);
 

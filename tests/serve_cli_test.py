@@ -96,6 +96,23 @@ def main() -> int:
         notes = [a["note"] for a in j["adaptations"] if "costs learned" in a["note"]]
         expect(len(notes) <= learned, f"--learn: {len(notes)} splits for {learned} learned plans")
         print(f"serve --learn 3: learned plans {learned}, splits {len(notes)}")
+    # --learn-store DIR (Note [Learned costs kept]): each model's learned costs in DIR/NAME.learned.json;
+    # needs --learn and a directory.
+    store = os.path.join(work, "learned")
+    os.makedirs(store, exist_ok=True)
+    rc, out, err = run(cli, "serve", scenario("learn_store", duration_s=2), "--json", "--socket", "none", "--learn", "3",
+                       "--learn-store", store)
+    expect(rc == 0, f"serve --learn-store exit {rc}: {err}")
+    if rc == 0:
+        for m in json.loads(out)["models"]:
+            kept = os.path.exists(os.path.join(store, m["name"] + ".learned.json"))
+            expect(kept == (m["learn_stored"] > 0) and m["learn_stored"] <= m["learned_plans"] + 1,
+                   f"--learn-store {m['name']}: stored {m['learn_stored']}, file {kept}, learned plans {m['learned_plans']}")
+    rc, _, err = run(cli, "serve", scenario("learn_store_alone", duration_s=1), "--socket", "none", "--learn-store", store)
+    expect(rc != 0 and "needs --learn" in err, f"serve --learn-store without --learn: rc {rc}: {err!r}")
+    rc, _, err = run(cli, "serve", scenario("learn_store_file", duration_s=1), "--socket", "none", "--learn", "3",
+                     "--learn-store", path)
+    expect(rc != 0 and "not a directory" in err, f"serve --learn-store FILE: rc {rc}: {err!r}")
     rc, _, err = run(cli, "serve", scenario("learn_bad", duration_s=1), "--socket", "none", "--learn", "-1")
     expect(rc != 0 and "--learn" in err, f"serve --learn -1: rc {rc}: {err!r}")
     rc, _, err = run(cli, "serve", scenario("learn_one", duration_s=1), "--socket", "none", "--learn", "1")

@@ -182,8 +182,9 @@ struct RuntimeHolder : torch::CustomClassHolder {
         r.image = m.at("image").get<std::string>();
         r.urgency = m.value("urgency", 1.0);
         r.threads = m.value("threads", 0);
-        // The Runtime's budgeter splits by latency curves made at open, which learned costs do
-        // not update yet: its models learn only when asked ("options": {"learn": N}).
+        // A Runtime's models learn only when asked ("options": {"learn": N, "learn_store": PATH}):
+        // several models learning on two cores re-plan in turn (each grid rebuild slows the
+        // others' inferences), Note [Splitting with learned costs] in runtime.cpp.
         r.options = executor_options(r.image, 0, m.contains("options") ? m["options"].dump() : "", 0);
         list.push_back(std::move(r));
       }
