@@ -102,6 +102,15 @@ bool discrete_with_managed_access() {
 }
 
 #if SWAPNET_WITH_CUDA
+#if CUDART_VERSION >= 13000
+cudaMemLocation location(cudaMemLocationType type) {  // device 0, or the host
+  cudaMemLocation l{};
+  l.type = type;
+  l.id = 0;
+  return l;
+}
+#endif
+
 void advise_failed(const char* what, cudaError_t err) {
   cudaGetLastError();
   log_once(LogLevel::kWarn, "gpu_advise", std::string(what) + " failed (" + cudaGetErrorString(err) +
@@ -110,28 +119,12 @@ void advise_failed(const char* what, cudaError_t err) {
 #endif
 }  // namespace
 
-const char* gpu_handover() {
-  switch (handover()) {
-    case Handover::kHost: return "host";
-    case Handover::kNone: return "none";
-    case Handover::kPrefetch: return "prefetch";
-    case Handover::kAdvise: return "advise";
-  }
-  return "host";
-}
-
 void gpu_managed_made(void* p, std::uint64_t bytes) {
 #if SWAPNET_WITH_CUDA
   if (!discrete_with_managed_access() || bytes == 0 || handover() != Handover::kHost) return;
 #if CUDART_VERSION >= 13000
-  cudaMemLocation host{};
-  host.type = cudaMemLocationTypeHost;
-  host.id = 0;
-  cudaMemLocation dev{};
-  dev.type = cudaMemLocationTypeDevice;
-  dev.id = 0;
-  cudaError_t err = cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, host);
-  if (err == cudaSuccess) err = cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, dev);
+  cudaError_t err = cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, location(cudaMemLocationTypeHost));
+  if (err == cudaSuccess) err = cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, location(cudaMemLocationTypeDevice));
 #else
   cudaError_t err = cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId);
   if (err == cudaSuccess) err = cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, 0);
@@ -155,9 +148,7 @@ void gpu_prefetch(const void* p, std::uint64_t bytes) {
   }();
   cudaError_t err = cudaSuccess;
 #if CUDART_VERSION >= 13000
-  cudaMemLocation loc{};
-  loc.type = cudaMemLocationTypeDevice;
-  loc.id = 0;
+  const cudaMemLocation loc = location(cudaMemLocationTypeDevice);
   if (how == Handover::kAdvise) err = cudaMemAdvise(p, bytes, cudaMemAdviseSetReadMostly, loc);
   if (err == cudaSuccess) err = cudaMemPrefetchAsync(p, bytes, loc, 0, stream);
 #else

@@ -2016,9 +2016,13 @@ void learn_costs(Executor::Impl& m, bool whole) {
   m.learn_io.clear();
   m.learn_io.push_back(io_now);
   ++l.replans;
-  m.times_learned = m.times_learned || take_times;
-  m.rate_learned = m.rate_learned || take_reads;
-  store_learned(m);
+  // The costs stay taken (Note [Learned costs kept]): written where they are kept only then, not
+  // when the re-plan below fails and puts the old ones back.
+  auto keep = [&] {
+    m.times_learned = m.times_learned || take_times;
+    m.rate_learned = m.rate_learned || take_reads;
+    store_learned(m);
+  };
   std::string what = "the plan in force would take " + std::to_string(now_measured) +
                      " ms with the costs measured, not the " + std::to_string(now_planned) + " planned (layers " +
                      std::to_string(measured) + " ms in all, not " + std::to_string(planned);
@@ -2050,6 +2054,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
         return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
       });
+      keep();
       log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what +
                                ": the budget grid is rebuilt with them, and the plan follows once it is");
       return;
@@ -2061,7 +2066,10 @@ void learn_costs(Executor::Impl& m, bool whole) {
       m.grid.reset();
     }
   }
-  if (m.released) return;  // the next set_budget() plans with them
+  if (m.released) {  // the next set_budget() plans with them
+    keep();
+    return;
+  }
   try {
     set_budget_locked(m, m.opt.budget);
   } catch (const std::exception& e) {
@@ -2074,6 +2082,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
     log(LogLevel::kError, m.path + ": re-planning with learned costs failed, the plan stays: " + e.what());
     return;
   }
+  keep();
   l.predicted_before_ms = before;
   l.predicted_after_ms = m.plan.predicted_ms;
   ++l.adopted;

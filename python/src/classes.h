@@ -158,7 +158,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
       image = open(inputs, &budget);
       install_cpu_meter();
       account = new_cpu_account();
-      json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}};
+      const json o = {{"learn_store", learn_store_for(image)}};
       ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), o.dump(), learn_from_env()));
       budget_now.store(budget);
       fallback = nullptr;

@@ -47,8 +47,9 @@ SWAPNET_API const char* to_string(MemoryKind k);
 // (H100/H200): SWAPNET_GPU_PREFETCH = host (default) | advise | prefetch | none (Note [Managed
 // memory on a discrete GPU], cuda_shim.cpp). Integrated GPUs (Jetson: same DRAM) and machines
 // without a usable GPU: nothing is done. A failure is logged once and changes nothing else.
-SWAPNET_API const char* gpu_handover();
-// A managed arena was made: "host" advises it to stay in host memory, mapped for device 0.
+//
+// gpu_managed_made: a managed arena was made; "host" advises it to stay in host memory, mapped
+// for device 0.
 SWAPNET_API void gpu_managed_made(void* p, std::uint64_t bytes);
 // A block landed at [p, p+bytes): "prefetch" and "advise" start migrating it to device 0 on the
 // shim's own stream (a hint: kernels that start earlier fault the rest in).
