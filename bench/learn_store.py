@@ -7,10 +7,11 @@ fresh swapnet.Executor (learn=3):
     rate, and learns from its own inferences;
   - "kept": the store the cold process wrote. The executor plans with it from its first
     inference.
-The disk is emulated (SWAPNET_EMULATE_READ), and the profile is this machine's default one,
-measured at host speed: the case where learning matters.
+The disk is emulated (SWAPNET_EMULATE_READ; --rate host: none, e.g. under bench/throttle.sh for
+the blkio throttle), and the profile is this machine's default one, measured at host speed: the
+case where learning matters on a slower disk.
 
-Usage: bench/learn_store.py IMAGE BUDGET [--rate 400MB/s] [--rounds 3] [--inferences 8]
+Usage: bench/learn_store.py IMAGE BUDGET [--rate 400MB/s|host] [--rounds 3] [--inferences 8]
 Prints one JSON line per process, then a Markdown table of medians over the rounds.
 Needs SWAPNET_LIB and PYTHONPATH as for tests/python (scripts/build.sh sets them up)."""
 import argparse
@@ -47,7 +48,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--inferences", type=int, default=8)
     a = ap.parse_args()
-    env = dict(os.environ, SWAPNET_EMULATE_READ=a.rate)
+    env = dict(os.environ)
+    if a.rate != "host":
+        env["SWAPNET_EMULATE_READ"] = a.rate
     rows = {"cold": [], "kept": []}
     with tempfile.TemporaryDirectory() as d:
         store = os.path.join(d, "learned.json")

@@ -30,7 +30,9 @@ inline constexpr int kPythonLearnAfter = 3;
 // such a number is said once (and kPythonLearnAfter used: the program's model still runs).
 int learn_from_env();
 // Where transparent swapping keeps what an image's executor learned (Note [Learned costs kept]
-// in executor.cpp): beside the image (IMAGE.learned.json), unless $SWAPNET_LEARN_STORE is "off".
+// in executor.cpp): nowhere by default; beside the image (IMAGE.learned.json) with
+// $SWAPNET_LEARN_STORE=beside. Off by default: under the blkio throttle a kept read rate was
+// learned in the throttle's burst, and the next process ran 1.04x longer (bench/learn_store.py).
 std::string learn_store_for(const std::string& image);
 
 // The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn,

@@ -129,8 +129,13 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
 
 std::string learn_store_for(const std::string& image) {
   const char* v = std::getenv("SWAPNET_LEARN_STORE");
-  if (v != nullptr && std::string(v) == "off") return "";
-  return image + ".learned.json";
+  const std::string s = v ? v : "";
+  if (s == "beside") return image + ".learned.json";
+  if (!s.empty() && s != "off") {
+    log_once(LogLevel::kWarn, "swapnet_learn_store_env",
+             "SWAPNET_LEARN_STORE='" + s + "' is not beside or off: learned costs are not kept");
+  }
+  return "";
 }
 
 int learn_from_env() {

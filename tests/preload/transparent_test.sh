@@ -57,6 +57,13 @@ check "C++: outputs identical under SWAPNET_LEARN=3" '[ "$out" = "$plain_c" ]'
 out=$(cxx "${pre[@]}" SWAPNET_BUDGET=40% SWAPNET_INPUT_SHAPE=$shape SWAPNET_LEARN=1)
 check "C++: SWAPNET_LEARN=1 said once, outputs identical" \
   '[ "$out" = "$plain_c" ] && [ "$(grep -c "SWAPNET_LEARN=.1. is not 0 (never) or a number of inferences in 3..1000" "$err")" -eq 1 ]'
+# SWAPNET_LEARN_STORE (Note [Learned costs kept]): beside the image when asked; a bad value is
+# said once, nothing kept, the program unharmed.
+out=$(cxx "${pre[@]}" SWAPNET_BUDGET=40% SWAPNET_INPUT_SHAPE=$shape SWAPNET_LEARN_STORE=beside)
+check "C++: outputs identical under SWAPNET_LEARN_STORE=beside" '[ "$out" = "$plain_c" ]'
+out=$(cxx "${pre[@]}" SWAPNET_BUDGET=40% SWAPNET_INPUT_SHAPE=$shape SWAPNET_LEARN_STORE=somewhere)
+check "C++: SWAPNET_LEARN_STORE=somewhere said once, outputs identical" \
+  '[ "$out" = "$plain_c" ] && [ "$(grep -c "SWAPNET_LEARN_STORE=.somewhere. is not beside or off" "$err")" -eq 1 ]'
 
 # Python: the same image is reused.
 out=$(pyr "${pre[@]}" SWAPNET_BUDGET=40% SWAPNET_INPUT_SHAPE=$shape); cat "$err"
