@@ -630,11 +630,11 @@ struct Executor::Impl {
   // Note [Layer by layer] counters, since open.
   double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
   // Note [Learning the costs in service]: this inference's layer times (NaN: not run), the
-  // window's, the reader's (bytes read, busy seconds) when the window began and after each of
+  // window's, the reader's sustained bytes and seconds when the window began and after each of
   // its inferences, a grid being rebuilt for learned costs, and what was learned.
   std::vector<double> layer_ms_now;
   std::deque<std::vector<double>> learn_window;
-  std::deque<std::pair<std::uint64_t, double>> learn_io;
+  std::deque<BlockReader::Sustained> learn_io;  // the reader's at each inference of the window
   std::future<std::unique_ptr<PartitionTable>> grid_next;
   double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
@@ -1361,7 +1361,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
   }
   m.verified.assign(m.info.layers.size(), false);
-  m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
+  m.learn_io.push_back(m.reader->sustained());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
@@ -1747,7 +1747,8 @@ std::vector<InputProfile> Executor::input_profiles() const {
 // the image is on: a host-speed profile on a 400 MB/s disk made resnet101's plan predict 105 ms
 // for 382). So every inference on the CPU times each layer from the moment its bytes have
 // landed (what the pipeline really costs: the reads' own interference with the compute is in
-// it) and the reader counts its bytes and the time the disk had them. Every `learn_after`
+// it) and the reader counts its bytes and the time the disk had them (past the bursts a
+// throttle serves after idling: Note [A sustained read rate] in reader.cpp). Every `learn_after`
 // inferences (a sliding window), the plan in force is predicted with the median of each
 // layer's times and the window's read rate; when that is more than `learn_threshold` off its
 // prediction with the costs it was planned with, they replace those. The criterion is the
@@ -1922,7 +1923,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
     m.learn_window.clear();
     m.learn_io.clear();
-    m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
+    m.learn_io.push_back(m.reader->sustained());
     return;
   }
   // An inference that overlapped a grid being built (this model's or another's: a thread of its
@@ -1931,7 +1932,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   // build slowing the inferences the next re-plan was made from. It does not count.
   if (m.grid_epoch != grid_builds_epoch() || g_grid_builds.load() > 0) return;
   m.learn_window.push_back(m.layer_ms_now);
-  m.learn_io.emplace_back(m.reader->bytes_read(), m.reader->busy_seconds());
+  m.learn_io.push_back(m.reader->sustained());
   if (static_cast<int>(m.learn_window.size()) < every) return;
   const std::size_t L = m.info.layers.size();
   std::vector<double> med(L), v;
@@ -1946,8 +1947,10 @@ void learn_costs(Executor::Impl& m, bool whole) {
     measured += med[i];
     diff += std::fabs(med[i] - t);
   }
-  const double bytes = static_cast<double>(m.learn_io.back().first - m.learn_io.front().first);
-  const double busy = m.learn_io.back().second - m.learn_io.front().second;
+  // The disk's sustained rate, without the bursts a throttle serves after idling (Note [A
+  // sustained read rate] in reader.cpp).
+  const double bytes = static_cast<double>(m.learn_io.back().bytes - m.learn_io.front().bytes);
+  const double busy = m.learn_io.back().seconds - m.learn_io.front().seconds;
   const double rate = bytes >= 4.0 * (1 << 20) && busy > 0 ? bytes / busy : 0;  // bytes per second
   const double planned_rate = m.opt.cost.alpha_ms_per_byte > 0 ? 1e3 / m.opt.cost.alpha_ms_per_byte : 0;
   Executor::Learning& l = m.learned;

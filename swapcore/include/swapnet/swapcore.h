@@ -269,6 +269,10 @@ struct ReaderOptions {
   // this rate, and the read completes when served. Unlike a blkio throttle it gives no credit
   // for time it idled: a pipeline that leaves it idle loses that time, as on a real disk.
   double emulate_bytes_per_s = -1;  // -1: from the environment
+  // With an emulated disk: credit it with up to this many seconds it idled, served at once when
+  // reads come again, as bench/throttle.sh's blkio throttle does (a burst after idling; Note [A
+  // sustained read rate] in reader.cpp). 0 (default): no credit, as a real disk.
+  double emulate_idle_credit_s = 0;
   // Test hook at the I/O boundary: sees each request's (offset, length, result) and may rewrite
   // the result (a short count, -EIO, -EINTR, -EAGAIN) before swapcore handles it.
   std::function<long(std::uint64_t offset, std::size_t length, long result)> fault;
@@ -351,6 +355,15 @@ class SWAPNET_API BlockReader {
   // the disk was working for it. Over a stretch of inferences, busy time / elapsed time near 1
   // means the reads, not compute, set the pace (an I/O-bound pipeline with an idle-free disk).
   double busy_seconds() const;
+  // The rate the disk sustains, as this reader saw it: bytes landed and seconds busy, both
+  // without the first min(idle gap before it, 0.1 s) of each busy period, where a throttle that
+  // credits idle time (blkio) serves a burst (Note [A sustained read rate] in reader.cpp). On a
+  // disk without such credit, bytes / seconds is bytes_read() / busy_seconds() from fewer samples.
+  struct Sustained {
+    std::uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  Sustained sustained() const;
 
  private:
   struct Impl;
