@@ -321,9 +321,16 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   const int iters = std::max(1, o.iters);
   auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes,
                      const std::function<void()>& timed = nullptr,
-                     const std::function<bool()>& replanned = nullptr) {
+                     const std::function<bool()>& replanned = nullptr,
+                     const std::function<bool()>& decided = nullptr) {
     fwd();  // warm-up (lazy initialisation), not timed
-    for (int i = 1; i < o.learn; ++i) fwd();  // --learn N: the first window, not timed either
+    // --learn N: the first window, not timed either: N inferences and 1 s at least (Note [Noise
+    // in the window]), until it is decided (at most 60 s: a window too noisy to tell grows).
+    const auto window_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int i = 1; i < o.learn || (o.learn > 0 && decided && !decided() && std::chrono::steady_clock::now() < window_until);
+         ++i) {
+      fwd();
+    }
     // A plan learned in the warm-up reads its resident blocks (and a block's kept part) once, in
     // its first inference: that one is not timed either.
     if (replanned && replanned()) fwd();
@@ -380,7 +387,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
               disk0 = ex->bytes_read();
               if (!o.trace.empty()) trace_start();  // the timed inferences only
             },
-            [&] { return ex->learning().adopted > 0; });
+            [&] { return ex->learning().adopted > 0; }, [&] { return ex->learning().windows > 0; });
     if (!o.trace.empty()) trace_write(o.trace).throw_if_error();
     const Executor::PipelineStats ps1 = ex->pipeline_stats();
     // How long the disk had a read of ours during the timed inferences: near all of their time
@@ -414,6 +421,8 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
                   {"replans", l.replans},
                   {"layer_error", l.layer_error},
                   {"plan_error", l.plan_error},
+                  {"window", l.window},
+                  {"noise", l.noise},
                   {"predicted_before_ms", l.predicted_before_ms},
                   {"predicted_after_ms", l.predicted_after_ms},
                   {"measured_layers_ms", l.measured_layers_ms},

@@ -490,6 +490,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                // --learn (Note [Learning the costs in service]): windows checked, learned plans in force.
                {"learn_windows", learned.windows},
                {"learned_plans", learned.adopted},
+               {"learn_window", learned.window},
+               {"learn_noise", learned.noise},
                {"learn_loaded", learned.loaded_times || learned.loaded_rate},
                {"learn_stored", learned.stored}};
     if (o.check) {

@@ -129,9 +129,9 @@ int main(int argc, char** argv) {
                   "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
                   "swapnet's reads cost the compute on this machine)");
   run->add_option("--learn", ro.learn,
-                  "mode swapnet: every N inferences, compare the layer times and read rate measured with the "
-                  "image's and the profile's and re-plan with them where they differ by more than 10 %; the "
-                  "warm-up is then N inferences (default 0: never; else 3..1000)")
+                  "mode swapnet: every N inferences (and 1 s at least), compare the layer times and read rate "
+                  "measured with the image's and the profile's and re-plan with them where they differ by more "
+                  "than 10 %; the warm-up is then that first window (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
   run->add_option("--learn-store", ro.learn_store,
                   "with --learn: keep what is learned in this file (JSON), and plan with what it holds from the "
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
   serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
   serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   serve->add_option("--learn", so.learn,
-                    "every N inferences each model compares its measured layer times and read rate with its "
+                    "every N inferences (and 1 s at least) each model compares its measured layer times and read rate with its "
                     "planned ones, re-plans with them when >10 % off, and the budget is split again with its new "
                     "latency curve (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));

@@ -408,7 +408,7 @@ std::vector<RuntimeModel> specs(const Models& s) {
 }
 
 // Note [Splitting with learned costs]: resnet18 whose image says its last layer takes 10 s gets
-// the paper rule's latency share at open; once it has learned its layer times (learn_after 2),
+// the paper rule's latency share at open; once it has learned its layer times (learn_after 3),
 // its demand is made again and the total split again ("costs learned"), every output
 // bit-identical, nothing over budget.
 TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
@@ -425,7 +425,9 @@ TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
   EXPECT_GT(rt->demands()[0].latency_ms, 5e3);
   const std::uint64_t slow_budget = rt->status()[0].budget;
   int i = 0;
-  for (; i < 40 && rt->demands()[0].latency_ms > 1e3; ++i) {
+  // A window is 3 inferences and 1 s at least (Note [Noise in the window]).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (; std::chrono::steady_clock::now() < until && rt->demands()[0].latency_ms > 1e3; ++i) {
     for (int k = 0; k < 2; ++k) {
       c10::InferenceMode g;
       EXPECT_TRUE(compare_outputs(s.expected[k], rt->submit(k, {s.x[k].clone()}).get()).equal) << "request " << i;

@@ -634,7 +634,16 @@ struct Executor::Impl {
   // its inferences, a grid being rebuilt for learned costs, and what was learned.
   std::vector<double> layer_ms_now;
   std::deque<std::vector<double>> learn_window;
-  std::deque<BlockReader::Sustained> learn_io;  // the reader's at each inference of the window
+  // The reader's counts at each inference of the window: sustained (Note [A sustained read rate]
+  // in reader.cpp), and all bytes over all busy time.
+  struct IoCount {
+    BlockReader::Sustained sustained;
+    BlockReader::Sustained all;
+  };
+  static IoCount io_count(const BlockReader& r) { return {r.sustained(), {r.bytes_read(), r.busy_seconds()}}; }
+  std::deque<IoCount> learn_io;
+  std::deque<double> learn_pred;  // the plan in force predicted with each inference's own costs
+  std::deque<std::chrono::steady_clock::time_point> learn_at;  // when each of learn_io was taken
   std::future<std::unique_ptr<PartitionTable>> grid_next;
   double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
@@ -1361,7 +1370,8 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
   }
   m.verified.assign(m.info.layers.size(), false);
-  m.learn_io.push_back(m.reader->sustained());
+  m.learn_io.push_back(m.io_count(*m.reader));
+  m.learn_at.push_back(std::chrono::steady_clock::now());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
@@ -1749,9 +1759,10 @@ std::vector<InputProfile> Executor::input_profiles() const {
 // landed (what the pipeline really costs: the reads' own interference with the compute is in
 // it) and the reader counts its bytes and the time the disk had them (past the bursts a
 // throttle serves after idling: Note [A sustained read rate] in reader.cpp). Every `learn_after`
-// inferences (a sliding window), the plan in force is predicted with the median of each
-// layer's times and the window's read rate; when that is more than `learn_threshold` off its
-// prediction with the costs it was planned with, they replace those. The criterion is the
+// inferences and learn_window_ms (a sliding window), the plan in force is predicted with the
+// mean of the middle half of each layer's times and the window's read rate (Note [Noise in the
+// window]); when that is more than `learn_threshold` off its prediction with the costs it was
+// planned with, and more than twice the window's own noise, they replace those. The criterion is the
 // plan's time, not each cost: three timings of a 0.2 ms layer differ by 30 % and mean nothing
 // (resnet101's layer times summed |measured - planned| to 15-32 % of their sum between two
 // windows on a quiet machine, with sums 83 and 88 ms), nor does a read rate where the plan
@@ -1800,6 +1811,67 @@ std::string learned_fingerprint(const ImageInfo& info) {
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(checksum(v.data(), v.size() * sizeof(std::uint64_t))));
   return hex;
+}
+
+// Note [Noise in the window]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A window's costs are an estimate, and how good one depends on how much its inferences
+// differ. Alone on this VM, resnet101's layer times summed 83-88 ms from inference to inference;
+// with resnet18 and mobilenet_v2 served side by side on its two cores (four intra-op threads and
+// two readers), each model's sum swung with whether the other was computing at the same time:
+// mobilenet_v2's from 3 to 39 ms, resnet18's from 9 to 90, and the read rate from 636 to
+// 3662 MB/s. A window of three drew its medians from that at random, and every window or two
+// one of them was "off" by 30-100 %: 7 and 5 re-plans in 6 s of serve --learn 3, each splitting
+// the budget again (9 splits), the doubled threshold (the learn gate) halving back within a
+// second of mobilenet_v2's 85 inferences a second. And inputs of two sizes in turn (a
+// detector's crops) make each layer's times two clusters, whose median is one or the other as
+// the window's count tips: resnet18 given 128- and 64-pixel inputs in turn learned its layers at
+// 8.8 ms, then 12.4, then again.
+//
+// So:
+//  - A window spans ExecutorOptions::learn_window_ms (1 s) as well as learn_after inferences: a
+//    second of mobilenet_v2's inferences is the mixture its plan runs in, where three were one
+//    moment of it (resnet101, 300 ms an inference, still decides after four).
+//  - Each layer's time is the mean of the middle half of its times in the window (a quarter set
+//    aside at each end, one at least: of three, the median, as before): it sets a disturbed
+//    inference aside as a median does, and moves by a step of 1/(n/2) of the gap between two
+//    clusters where the count tips, not across all of it.
+//  - Each inference's own costs predict the plan in force too (its layer times and its reads'
+//    rate: one simulation per inference, as cheap as the plan's prediction), and the window's
+//    noise is 1.2533 s / sqrt(n) / c, s the deviation of those predictions and c their middle
+//    mean (the large-sample standard error of a median, relative). A window re-plans only when
+//    its error is more than twice that, as well as more than the gate; a window too noisy to
+//    tell grows, an inference at a time, up to kLearnWindowMost inferences, and slides by one;
+//    once its noise is below the gate again it slides back to the least that spans its time.
+// A model alone decides as before (twice the noise of resnet101's 83-88 ms is ~4 %, under the
+// 10 % threshold).
+constexpr std::size_t kLearnWindowMost = 256;  // inferences a window holds at most
+
+// The mean of the middle half of `v` (sorted here): a quarter of the values set aside at each
+// end, one at least (three values: their median).
+double middle_mean(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  if (n == 0) return 0;
+  const std::size_t cut = n >= 3 ? std::max<std::size_t>(1, n / 4) : 0;
+  double sum = 0;
+  for (std::size_t i = cut; i < n - cut; ++i) sum += v[i];
+  return sum / static_cast<double>(n - 2 * cut);
+}
+
+// 1.2533 s / sqrt(n) / middle_mean(x): the window's noise (Note [Noise in the window]).
+double window_noise(const std::deque<double>& x) {
+  const std::size_t n = x.size();
+  if (n < 2) return 0;
+  double mean = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(n - 1);
+  std::vector<double> sorted(x.begin(), x.end());
+  const double center = middle_mean(sorted);
+  return center > 0 ? 1.2533 * std::sqrt(var / static_cast<double>(n)) / center : 0;
 }
 
 bool learns(const Executor::Impl& m) {
@@ -1922,8 +1994,11 @@ void learn_costs(Executor::Impl& m, bool whole) {
   if (!timed) return;
   if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
     m.learn_window.clear();
+    m.learn_pred.clear();
     m.learn_io.clear();
-    m.learn_io.push_back(m.reader->sustained());
+    m.learn_at.clear();
+    m.learn_io.push_back(m.io_count(*m.reader));
+    m.learn_at.push_back(std::chrono::steady_clock::now());
     return;
   }
   // An inference that overlapped a grid being built (this model's or another's: a thread of its
@@ -1932,44 +2007,12 @@ void learn_costs(Executor::Impl& m, bool whole) {
   // build slowing the inferences the next re-plan was made from. It does not count.
   if (m.grid_epoch != grid_builds_epoch() || g_grid_builds.load() > 0) return;
   m.learn_window.push_back(m.layer_ms_now);
-  m.learn_io.push_back(m.reader->sustained());
-  if (static_cast<int>(m.learn_window.size()) < every) return;
+  m.learn_io.push_back(m.io_count(*m.reader));
+  m.learn_at.push_back(std::chrono::steady_clock::now());
   const std::size_t L = m.info.layers.size();
-  std::vector<double> med(L), v;
-  double planned = 0, measured = 0, diff = 0;
-  for (std::size_t i = 0; i < L; ++i) {
-    v.clear();
-    for (const auto& w : m.learn_window) v.push_back(w[i]);
-    std::sort(v.begin(), v.end());
-    med[i] = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    const double t = m.info.layers[i].time_ms;
-    planned += t;
-    measured += med[i];
-    diff += std::fabs(med[i] - t);
-  }
-  // The disk's sustained rate, without the bursts a throttle serves after idling (Note [A
-  // sustained read rate] in reader.cpp).
-  const double bytes = static_cast<double>(m.learn_io.back().bytes - m.learn_io.front().bytes);
-  const double busy = m.learn_io.back().seconds - m.learn_io.front().seconds;
-  const double rate = bytes >= 4.0 * (1 << 20) && busy > 0 ? bytes / busy : 0;  // bytes per second
-  const double planned_rate = m.opt.cost.alpha_ms_per_byte > 0 ? 1e3 / m.opt.cost.alpha_ms_per_byte : 0;
-  Executor::Learning& l = m.learned;
-  ++l.windows;
-  l.layer_error = m.opt.measured_exec ? (planned > 0 ? diff / planned : (measured > 0 ? INFINITY : 0)) : 0;
-  l.measured_layers_ms = measured;
-  l.planned_layers_ms = planned;
-  l.read_mb_s = rate / 1e6;
-  l.planned_read_mb_s = planned_rate / 1e6;
-  // The plan in force, predicted with the costs measured and with those planned with.
   const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
-  std::vector<LayerCost> costs = planned_costs;
-  CostModel cm = m.opt.cost;
   const bool times = m.opt.measured_exec;
-  const bool reads = rate > 0 && planned_rate > 0;
-  if (times) {
-    for (std::size_t i = 0; i < L; ++i) costs[i].exec_ms = med[i];
-  }
-  if (reads) cm.alpha_ms_per_byte = 1e3 / rate;
+  const double planned_rate = m.opt.cost.alpha_ms_per_byte > 0 ? 1e3 / m.opt.cost.alpha_ms_per_byte : 0;
   const ReadAhead ra = effective_read_ahead(m.opt);
   const std::uint64_t lend = lend_for(m.info, m.opt);
   auto predicted = [&](const std::vector<LayerCost>& c, const CostModel& k) {
@@ -1977,21 +2020,97 @@ void learn_costs(Executor::Impl& m, bool whole) {
                        m.plan.retained_bytes, lend)
         .predicted_ms;
   };
+  // The disk's rate between two of the reader's counts: the sustained one, without the bursts a
+  // throttle serves after idling (Note [A sustained read rate] in reader.cpp), where at least
+  // `least` bytes of it were read; else all bytes over all busy time, where that many were (a
+  // pipeline whose disk idles between short reads leaves few sustained samples, and there the
+  // rate matters little to its plan); else 0.
+  auto rate_between = [](const Executor::Impl::IoCount& a, const Executor::Impl::IoCount& b, double least) {
+    for (auto part : {&Executor::Impl::IoCount::sustained, &Executor::Impl::IoCount::all}) {
+      const double bytes = static_cast<double>((b.*part).bytes - (a.*part).bytes);
+      const double seconds = (b.*part).seconds - (a.*part).seconds;
+      if (bytes >= least && seconds > 0) return bytes / seconds;
+    }
+    return 0.0;
+  };
+  {  // This inference's own costs, the plan in force predicted with them (Note [Noise in the window]).
+    std::vector<LayerCost> c = planned_costs;
+    CostModel k = m.opt.cost;
+    if (times) {
+      for (std::size_t i = 0; i < L; ++i) c[i].exec_ms = m.layer_ms_now[i];
+    }
+    const double r = rate_between(m.learn_io[m.learn_io.size() - 2], m.learn_io.back(), 1 << 20);
+    if (r > 0 && planned_rate > 0) k.alpha_ms_per_byte = 1e3 / r;
+    m.learn_pred.push_back(predicted(c, k));
+  }
+  // A window is learn_after inferences and learn_window_ms at least (Note [Noise in the window]).
+  auto span_ms = [&](std::size_t from) {
+    return std::chrono::duration<double, std::milli>(m.learn_at.back() - m.learn_at[from]).count();
+  };
+  const std::size_t most = std::max<std::size_t>(every, kLearnWindowMost);
+  if (static_cast<int>(m.learn_window.size()) < every ||
+      (span_ms(0) < m.opt.learn_window_ms && m.learn_window.size() < most)) {
+    return;
+  }
+  std::vector<double> med(L), v;  // each layer's middle mean (Note [Noise in the window])
+  double planned = 0, measured = 0, diff = 0;
+  for (std::size_t i = 0; i < L; ++i) {
+    v.clear();
+    for (const auto& w : m.learn_window) v.push_back(w[i]);
+    med[i] = middle_mean(v);
+    const double t = m.info.layers[i].time_ms;
+    planned += t;
+    measured += med[i];
+    diff += std::fabs(med[i] - t);
+  }
+  const double rate = rate_between(m.learn_io.front(), m.learn_io.back(), 4.0 * (1 << 20));  // bytes per second
+  Executor::Learning& l = m.learned;
+  l.layer_error = m.opt.measured_exec ? (planned > 0 ? diff / planned : (measured > 0 ? INFINITY : 0)) : 0;
+  l.measured_layers_ms = measured;
+  l.planned_layers_ms = planned;
+  l.read_mb_s = rate / 1e6;
+  l.planned_read_mb_s = planned_rate / 1e6;
+  l.window = m.learn_window.size();
+  // The plan in force, predicted with the costs measured and with those planned with.
+  std::vector<LayerCost> costs = planned_costs;
+  CostModel cm = m.opt.cost;
+  const bool reads = rate > 0 && planned_rate > 0;
+  if (times) {
+    for (std::size_t i = 0; i < L; ++i) costs[i].exec_ms = med[i];
+  }
+  if (reads) cm.alpha_ms_per_byte = 1e3 / rate;
   const double now_planned = predicted(planned_costs, m.opt.cost);
   const double now_measured = predicted(costs, cm);
   l.plan_error = now_planned > 0 ? now_measured / now_planned - 1 : 0;
-  // Each re-plan doubles the error the next one needs; it halves back over 100 inferences
-  // without one (down to learn_threshold). Costs that change from window to window by more than
-  // the threshold (two small models sharing this VM's two cores: mobilenet_v2's layers summed
-  // 3.3-12 ms from window to window, 7 re-plans in 4 s of serve --learn 3) stop re-planning; a
-  // model that kept still a while is as quick to learn as at first.
+  // Each re-plan doubles the error the next one needs; it halves back over 100 inferences or 10 s
+  // without one, whichever is longer (down to learn_threshold). Costs that change from window to
+  // window by more than the threshold (two small models sharing this VM's two cores:
+  // mobilenet_v2's layers summed 3.3-12 ms from window to window, 7 re-plans in 4 s of serve
+  // --learn 3; at 85 inferences a second, 100 of them had halved the gate back within 1.2 s)
+  // stop re-planning; a model that kept still a while is as quick to learn as at first.
   if (m.learn_gate < m.opt.learn_threshold) m.learn_gate = m.opt.learn_threshold;
-  if (!(std::fabs(l.plan_error) > m.learn_gate)) {  // the window slides
-    m.learn_gate = std::max(m.opt.learn_threshold, 0.99309 * m.learn_gate);  // 0.5 ^ (1 / 100)
-    m.learn_window.pop_front();
-    m.learn_io.pop_front();
+  // And the error must stand out of the window's own noise (Note [Noise in the window]): twice
+  // the standard error of its center; a noisy window grows (up to kLearnWindowMost inferences)
+  // before it decides.
+  l.noise = window_noise(m.learn_pred);
+  if (!(std::fabs(l.plan_error) > std::max(m.learn_gate, 2 * l.noise))) {
+    if (2 * l.noise > m.learn_gate && m.learn_window.size() < most) return;  // the window grows
+    ++l.windows;
+    // This inference's share of the half-life: 1/100, or its time over 10 s where that is less.
+    const double per = std::min(0.01, span_ms(m.learn_at.size() - 2) / 1e4);
+    m.learn_gate = std::max(m.opt.learn_threshold, std::pow(0.5, per) * m.learn_gate);
+    // The window slides: by one where it is noisy or at its most, else back to the least that
+    // still spans learn_window_ms (learn_after inferences at least).
+    const bool noisy = 2 * l.noise > m.learn_gate;
+    do {
+      m.learn_window.pop_front();
+      m.learn_pred.pop_front();
+      m.learn_io.pop_front();
+      m.learn_at.pop_front();
+    } while (!noisy && static_cast<int>(m.learn_window.size()) >= every && span_ms(1) >= m.opt.learn_window_ms);
     return;
   }
+  ++l.windows;
   m.learn_gate = std::min(1e3, 2 * m.learn_gate);
   // Each kind of cost replaces the planned one where it alone moves the prediction enough (both
   // where neither does alone): the read rate by half the threshold, the layer times by all of
@@ -2015,9 +2134,13 @@ void learn_costs(Executor::Impl& m, bool whole) {
   }
   if (take_reads) m.opt.cost = cm;
   m.learn_window.clear();
+  m.learn_pred.clear();
   const auto io_now = m.learn_io.back();
+  const auto at_now = m.learn_at.back();
   m.learn_io.clear();
+  m.learn_at.clear();
   m.learn_io.push_back(io_now);
+  m.learn_at.push_back(at_now);
   ++l.replans;
   // The costs stay taken (Note [Learned costs kept]): written where they are kept only then, not
   // when the re-plan below fails and puts the old ones back.
@@ -2033,6 +2156,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
     what += "; reads at " + std::to_string(static_cast<long long>(rate / 1e6)) + " MB/s, not " +
             std::to_string(static_cast<long long>(planned_rate / 1e6));
   }
+  what += "; noise " + std::to_string(static_cast<long long>(std::lround(100 * l.noise))) + " %";
   what += std::string("): ") + (take_times && take_reads ? "both" : take_times ? "the layer times" : "the read rate") +
           " learned";
   const auto t0 = std::chrono::steady_clock::now();
@@ -2058,7 +2182,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
         return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
       });
       keep();
-      log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what +
+      log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what +
                                ": the budget grid is rebuilt with them, and the plan follows once it is");
       return;
     } catch (const std::exception& e) {  // no thread: plans search from now on
@@ -2089,7 +2213,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   l.predicted_before_ms = before;
   l.predicted_after_ms = m.plan.predicted_ms;
   ++l.adopted;
-  log(LogLevel::kInfo, m.path + ": over " + std::to_string(every) + " inferences, " + what + ": re-planned in " +
+  log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what + ": re-planned in " +
                            std::to_string(Ms(std::chrono::steady_clock::now() - t0).count()) +
                            " ms, predicted " + std::to_string(before) + " -> " + std::to_string(m.plan.predicted_ms) +
                            " ms, " + std::to_string(m.plan.blocks.size()) + " blocks");

@@ -259,6 +259,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
                 {"learn_windows", learning.windows},
                 {"learn_replans", learning.replans},
                 {"learn_plan_error", learning.plan_error},
+                {"learn_noise", learning.noise},
                 {"learn_read_mb_s", learning.read_mb_s},
                 {"learn_loaded", learning.loaded_times || learning.loaded_rate},
                 {"learn_stored", learning.stored},

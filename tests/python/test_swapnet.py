@@ -5,6 +5,7 @@ Run by ctest (python.module) with SWAPNET_LIB and SWAPNET_MODELS set."""
 import json
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -110,13 +111,18 @@ def test_executors_learn_their_costs_unless_told_not_to(packed):
     default = swapnet.Executor(image, budget=budget)
     never = swapnet.Executor(image, budget=budget, learn=0)
     every4 = swapnet.Executor(image, budget=budget, learn=4)
-    for _ in range(4):
+    # A window is `learn` inferences and 1 s at least, longer where its inferences differ much
+    # (Note [Noise in the window]): until both have decided one (30 s at most).
+    n, until = 0, time.monotonic() + 30
+    while n < 4 or (time.monotonic() < until and
+                    min(default.stats["learn_windows"], every4.stats["learn_windows"]) == 0):
         for ex in (default, never, every4):
             assert torch.equal(ex(x), ref)
-    # After inference 3, and 4 (the window slides) unless 3 re-planned (a new window begins).
-    assert default.stats["learn_windows"] == 2 - default.stats["learn_replans"]
+        n += 1
+    # Decided from inference 3 (4) on at the soonest.
+    assert 1 <= default.stats["learn_windows"] <= n - 2, (n, default.stats)
     assert never.stats["learn_windows"] == 0
-    assert every4.stats["learn_windows"] == 1
+    assert 1 <= every4.stats["learn_windows"] <= n - 3, (n, every4.stats)
     assert default.stats["learn_read_mb_s"] > 0
     for bad in (-1, 1, 2, 1001, "3", 2.5, True):
         with pytest.raises(ValueError, match="learn=%r" % (bad,)):

@@ -342,6 +342,10 @@ struct ExecutorOptions {
   // inferences to set one disturbed inference aside).
   int learn_after = 0;
   double learn_threshold = 0.1;
+  // A window also spans at least this long (Note [Noise in the window] in executor.cpp): a model
+  // of 10 ms an inference that shares its cores sees its costs change with what the others run,
+  // from one run of inferences to the next; a second of them is the mixture its plan runs in.
+  double learn_window_ms = 1000;
   // Note [Learned costs kept]: a file (JSON) where learned costs are written each time they are
   // taken, and read at open (with learn_after > 0) so that the next executor of this image, in
   // this process or another, plans with them from its first inference. Only costs learned for
@@ -552,6 +556,11 @@ class SWAPNET_API Executor {
     // The plan in force predicted with the costs measured over its prediction with the costs
     // planned with, less 1 (what learn_threshold is compared with).
     double plan_error = 0;
+    // The last window's inferences, and the standard error of the median of the plan predicted
+    // with each one's own costs, relative to that median: plan_error must exceed twice it too, and
+    // a window too noisy to tell grows (Note [Noise in the window] in executor.cpp).
+    std::uint64_t window = 0;
+    double noise = 0;
     // The last re-plan: the cost model's latency of the plan before (with the old costs) and of
     // the plan after (with the learned ones).
     double predicted_before_ms = 0;
