@@ -635,15 +635,17 @@ struct Executor::Impl {
   std::vector<double> layer_ms_now;
   std::deque<std::vector<double>> learn_window;
   // The reader's counts at each inference of the window: sustained (Note [A sustained read rate]
-  // in reader.cpp), and all bytes over all busy time.
+  // in reader.cpp), all bytes over all busy time, and when.
   struct IoCount {
     BlockReader::Sustained sustained;
     BlockReader::Sustained all;
+    std::chrono::steady_clock::time_point at;  // when they were taken
   };
-  static IoCount io_count(const BlockReader& r) { return {r.sustained(), {r.bytes_read(), r.busy_seconds()}}; }
+  static IoCount io_count(const BlockReader& r) {
+    return {r.sustained(), {r.bytes_read(), r.busy_seconds()}, std::chrono::steady_clock::now()};
+  }
   std::deque<IoCount> learn_io;
   std::deque<double> learn_pred;  // the plan in force predicted with each inference's own costs
-  std::deque<std::chrono::steady_clock::time_point> learn_at;  // when each of learn_io was taken
   std::future<std::unique_ptr<PartitionTable>> grid_next;
   double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
@@ -1371,7 +1373,6 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   }
   m.verified.assign(m.info.layers.size(), false);
   m.learn_io.push_back(m.io_count(*m.reader));
-  m.learn_at.push_back(std::chrono::steady_clock::now());
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
@@ -1996,9 +1997,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
     m.learn_window.clear();
     m.learn_pred.clear();
     m.learn_io.clear();
-    m.learn_at.clear();
     m.learn_io.push_back(m.io_count(*m.reader));
-    m.learn_at.push_back(std::chrono::steady_clock::now());
     return;
   }
   // An inference that overlapped a grid being built (this model's or another's: a thread of its
@@ -2008,7 +2007,6 @@ void learn_costs(Executor::Impl& m, bool whole) {
   if (m.grid_epoch != grid_builds_epoch() || g_grid_builds.load() > 0) return;
   m.learn_window.push_back(m.layer_ms_now);
   m.learn_io.push_back(m.io_count(*m.reader));
-  m.learn_at.push_back(std::chrono::steady_clock::now());
   const std::size_t L = m.info.layers.size();
   const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
   const bool times = m.opt.measured_exec;
@@ -2045,7 +2043,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   }
   // A window is learn_after inferences and learn_window_ms at least (Note [Noise in the window]).
   auto span_ms = [&](std::size_t from) {
-    return std::chrono::duration<double, std::milli>(m.learn_at.back() - m.learn_at[from]).count();
+    return std::chrono::duration<double, std::milli>(m.learn_io.back().at - m.learn_io[from].at).count();
   };
   const std::size_t most = std::max<std::size_t>(every, kLearnWindowMost);
   if (static_cast<int>(m.learn_window.size()) < every ||
@@ -2097,7 +2095,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
     if (2 * l.noise > m.learn_gate && m.learn_window.size() < most) return;  // the window grows
     ++l.windows;
     // This inference's share of the half-life: 1/100, or its time over 10 s where that is less.
-    const double per = std::min(0.01, span_ms(m.learn_at.size() - 2) / 1e4);
+    const double per = std::min(0.01, span_ms(m.learn_io.size() - 2) / 1e4);
     m.learn_gate = std::max(m.opt.learn_threshold, std::pow(0.5, per) * m.learn_gate);
     // The window slides: by one where it is noisy or at its most, else back to the least that
     // still spans learn_window_ms (learn_after inferences at least).
@@ -2106,7 +2104,6 @@ void learn_costs(Executor::Impl& m, bool whole) {
       m.learn_window.pop_front();
       m.learn_pred.pop_front();
       m.learn_io.pop_front();
-      m.learn_at.pop_front();
     } while (!noisy && static_cast<int>(m.learn_window.size()) >= every && span_ms(1) >= m.opt.learn_window_ms);
     return;
   }
@@ -2136,11 +2133,8 @@ void learn_costs(Executor::Impl& m, bool whole) {
   m.learn_window.clear();
   m.learn_pred.clear();
   const auto io_now = m.learn_io.back();
-  const auto at_now = m.learn_at.back();
   m.learn_io.clear();
-  m.learn_at.clear();
   m.learn_io.push_back(io_now);
-  m.learn_at.push_back(at_now);
   ++l.replans;
   // The costs stay taken (Note [Learned costs kept]): written where they are kept only then, not
   // when the re-plan below fails and puts the old ones back.

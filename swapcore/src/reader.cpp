@@ -230,10 +230,10 @@ SharedDisk::Stats SharedDisk::stats() const {
 // being the idle time before it (the first busy period: 0.1 s). Whatever the credit was, it was
 // served in that time: its bytes came at host speed, faster than the gap's length at the
 // throttled rate. A busy period that begins within that time (the pread path is busy a request
-// at a time) is in the same burst. On a disk that grants no credit (a real one, the emulated one without
-// emulate_idle_credit_s) the samples left are as fast as the rest, and the rate is the same from
-// fewer of them; a pipeline whose disk idles between short reads leaves few samples, and there
-// the rate matters little to its plan. Tested with emulate_idle_credit_s, a token bucket as the
+// at a time) is in the same burst. On a disk that grants no credit (a real one, the emulated one
+// without emulate_idle_credit_s) the samples left are as fast as the rest, and the rate is the
+// same from fewer of them; a pipeline whose disk idles between short reads leaves few samples,
+// and there the rate matters little to its plan. Tested with emulate_idle_credit_s, a token bucket as the
 // throttle's (SustainedRate.LeavesOutTheBurstAfterIdling in image_test).
 constexpr std::chrono::steady_clock::duration kBurstCredit = std::chrono::milliseconds(100);
 
