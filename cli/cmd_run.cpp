@@ -419,6 +419,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
       learning = {{"learn_after", o.learn},
                   {"windows", l.windows},
                   {"replans", l.replans},
+                  {"kept_plans", l.kept_plans},
                   {"layer_error", l.layer_error},
                   {"plan_error", l.plan_error},
                   {"window", l.window},

@@ -924,6 +924,37 @@ TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
   }
 }
 
+// Note [A re-plan must gain]: with every block resident, costs learned far from the planned ones
+// (a last layer said to take 10 s) are taken, but the best plan with them is the plan in force:
+// it stays, with its prediction redone, and is not put in force again.
+TEST(Executor, AReplanThatGainsNothingKeepsThePlan) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const int last = static_cast<int>(pk.info.layers.size()) - 1;
+  const std::string img = test_util::with_slow_last_layer(pk, "resnet18-slow-last-kept");
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  ExecutorOptions o;
+  o.budget = 2 * pk.info.data_size;  // all resident: no plan is faster than the one in force
+  o.learn_after = 3;
+  auto ex = Executor::open(img, o);
+  const ExecutionPlan before = ex->plan();
+  ASSERT_GT(before.predicted_ms, 1e4);
+  // A window spans a second at least (Note [Noise in the window]); 30 s at most under sanitizers.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int i = 0; std::chrono::steady_clock::now() < until && ex->learning().replans == 0; ++i) {
+    EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
+  }
+  const Executor::Learning l = ex->learning();
+  ASSERT_GE(l.replans, 1u) << "the 10 s layer is off by far more than the threshold";
+  EXPECT_EQ(l.kept_plans, l.replans);
+  EXPECT_EQ(l.adopted, 0u) << "no plan put in force again";
+  EXPECT_LT(ex->info().layers[last].time_ms, 100) << "the costs are taken all the same";
+  EXPECT_EQ(ex->plan().blocks, before.blocks);
+  EXPECT_EQ(ex->plan().resident, before.resident);
+  EXPECT_LT(ex->plan().predicted_ms, 1e3) << "the plan in force predicted with the costs taken";
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+}
+
 // Note [Noise in the window]: inputs of two sizes in turn (a detector's crops of 128 and 64
 // pixels) make every other inference several times as long. A window of three inferences drew
 // its medians from one size or the other in turn, and every window or two was "off" by more than

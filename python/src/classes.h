@@ -258,6 +258,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
                 // window's plan error and read rate.
                 {"learn_windows", learning.windows},
                 {"learn_replans", learning.replans},
+                {"learn_kept_plans", learning.kept_plans},
                 {"learn_plan_error", learning.plan_error},
                 {"learn_noise", learning.noise},
                 {"learn_read_mb_s", learning.read_mb_s},

@@ -146,7 +146,9 @@ class Executor:
 
     learn=N (default 3): every N inferences the layer times and disk read rate measured in them
     are compared with the image's and the device profile's, and the blocks re-planned with them
-    when the plan's predicted time is more than 10 % off (stats['learn_replans']); 0: never.
+    when the plan's predicted time is more than 10 % off (stats['learn_replans']); the plan in force
+    stays unless another is predicted more than 2 % faster with those costs
+    (stats['learn_kept_plans']); 0: never.
     learn_store=PATH: what is learned is kept there, and the next Executor of this image (in any
     process, same thread count) plans with it from its first inference (stats['learn_loaded'],
     stats['learn_stored'])."""
