@@ -85,6 +85,9 @@ def main() -> int:
                    f"bounds: physical {pb}, reserve {rb}, least reads {least}, direct {j['direct']['latency_ms']}")
             expect(abs(j["ratio_vs_reserve_bound"] * rb - j["latency_ms"]["median"]) < 1e-6 * rb,
                    "ratio_vs_reserve_bound is swapnet / reserve_bound")
+            # The rate the disk gave swapnet's reads while in flight (a bursting disk beats the raw rate).
+            busy = j["pipeline"]["disk_mb_s_while_busy"]
+            expect(isinstance(busy, (int, float)) and busy > 0, f"pipeline.disk_mb_s_while_busy: {busy!r}")
             for mode in ("direct", "naive"):
                 if "page_cache_growth_bytes" in j[mode]:
                     expect(j[mode]["page_cache_growth_bytes"] < (1 << 20), f"{mode} left page cache behind")
