@@ -908,18 +908,23 @@ TEST(Executor, LearnsTheLayerTimesAndTheReadRateItRunsAt) {
       continue;
     }
     EXPECT_EQ(l.windows, 2u);
-    EXPECT_EQ(l.replans, 2u) << "two windows, each re-planned: plan error " << l.plan_error;
-    EXPECT_EQ(l.adopted, 2u);
+    EXPECT_EQ(l.replans, 2u) << "two windows, each took costs: plan error " << l.plan_error;
+    // Each put a plan in force or kept the one in force, predicted no more than 2 % slower
+    // (Note [A re-plan must gain]): which, depends on how this run's layers timed.
+    EXPECT_EQ(l.adopted + l.kept_plans, l.replans);
     EXPECT_LT(ex->info().layers[last].time_ms, 100) << "the last layer's time measured";
     const double mb_s = 1e-3 / ex->cost().alpha_ms_per_byte;
     EXPECT_GT(mb_s, 70) << what << ": the emulated disk reads 100 MB/s";
     // Bytes / busy time learned 126 MB/s here with idle credited.
     EXPECT_LT(mb_s, 115) << what << ": the emulated disk reads 100 MB/s";
-    EXPECT_LT(l.predicted_before_ms, 1e3) << "the layer times learned first";
-    EXPECT_GT(l.predicted_after_ms, l.predicted_before_ms) << "then the read rate";
-    EXPECT_LT(l.predicted_after_ms, 5e3);
-    EXPECT_EQ(ex->plan().predicted_ms, l.predicted_after_ms);
-    // The plan now predicts what it runs at: the reads of 100 MB/s at least.
+    if (l.adopted == 2) {
+      EXPECT_LT(l.predicted_before_ms, 1e3) << "the layer times learned first";
+      EXPECT_GT(l.predicted_after_ms, l.predicted_before_ms) << "then the read rate";
+      EXPECT_EQ(ex->plan().predicted_ms, l.predicted_after_ms);
+    }
+    // The plan in force, put in force or kept, is predicted with the costs learned: the 10 s
+    // layer is gone, and the reads of 100 MB/s take their time.
+    EXPECT_LT(ex->plan().predicted_ms, 5e3);
     EXPECT_GT(ex->plan().predicted_ms, static_cast<double>(ex->plan().read_bytes) / 100e6 * 1e3 * 0.7);
   }
 }
