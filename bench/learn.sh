@@ -67,7 +67,7 @@ l = j.get("learning", {})
 print(json.dumps({"model": m, "rate": rate, "profile": prof, "learn": int(learn), "round": int(r),
                   "ms": j["latency_ms"]["median"], "predicted_ms": j["predicted_ms"],
                   "predicted_at_open_ms": l.get("predicted_at_open_ms", j["predicted_ms"]),
-                  "replans": l.get("replans", 0), "blocks": j["num_blocks"],
+                  "replans": l.get("replans", 0), "kept_plans": l.get("kept_plans", 0), "blocks": j["num_blocks"],
                   "read_mb": j["bytes_read_per_inference"] / 1e6, "learned_read_mb_s": l.get("read_mb_s"),
                   "io_bound_ms": j["io_bound_ms"], "raw_io_mb_s": j["raw_io_mb_s"],
                   "peak_model_bytes": j["peak_model_bytes"], "budget_bytes": j["budget_bytes"]}))

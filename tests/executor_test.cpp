@@ -960,6 +960,34 @@ TEST(Executor, AReplanThatGainsNothingKeepsThePlan) {
   EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
 }
 
+// Note [A re-plan must gain], the other way: a cost model that says the disk reads 10 GB/s on a
+// disk that reads 20 MB/s (emulated) plans for reads that cost nothing; with the rate learned,
+// the best plan reads less and is predicted far faster, and it is put in force.
+TEST(Executor, AReplanThatGainsPutsTheNewPlanInForce) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  install_cpu_meter();
+  ExecutorOptions o;
+  o.budget = std::max(pk.info.data_size / 2, min_budget(pk.info));
+  o.cost.alpha_ms_per_byte = 1.0 / 1e7;  // 10 GB/s
+  o.reader.emulate_bytes_per_s = 20e6;
+  o.learn_after = 3;
+  auto ex = Executor::open(pk.img, o);
+  const std::uint64_t read_before = ex->plan().read_bytes;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int i = 0; std::chrono::steady_clock::now() < until && ex->learning().adopted == 0; ++i) {
+    EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
+  }
+  const Executor::Learning l = ex->learning();
+  EXPECT_GE(l.adopted, 1u) << "re-plans " << l.replans << ", kept " << l.kept_plans << ", plan error " << l.plan_error;
+  EXPECT_LT(ex->plan().read_bytes, read_before) << "the plan put in force reads less";
+  EXPECT_LT(l.predicted_after_ms, 0.98 * l.predicted_before_ms * (1 + l.plan_error))
+      << "predicted faster than the plan it replaced, with the same costs";
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
+  EXPECT_LE(ex->plan().total(), o.budget);
+}
+
 // Note [Noise in the window]: inputs of two sizes in turn (a detector's crops of 128 and 64
 // pixels) make every other inference several times as long. A window of three inferences drew
 // its medians from one size or the other in turn, and every window or two was "off" by more than

@@ -1293,7 +1293,8 @@ c10::IValue evict_from(const c10::IValue& v, const char* lo, const char* hi, std
 }  // namespace
 // Executor::set_budget with `m.mu` held.
 // Plans for `bytes` and puts the plan in force. With `must_beat_ms` > 0, only a plan predicted
-// under that is put in force (Note [A re-plan must gain]); false when it was not.
+// under that is put in force (Note [A re-plan must gain]); false when it was not. (While a new
+// input's activations are measured it is ignored: learning never re-plans then.)
 bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_ms = 0, double* best_ms = nullptr);
 void learn_costs(Executor::Impl& m, bool whole);
 void load_learned(Executor::Impl& m);
@@ -1861,7 +1862,7 @@ constexpr std::size_t kLearnWindowMost = 256;  // inferences a window holds at m
 // measured. Under the 400 MB/s throttle, fcn_resnet101 at 73 MB with the profile measured there
 // learned the disk at 336 MB/s in its first window (the plan's 451 ms became 568 ms with that
 // rate) and re-planned to 45 blocks from 39 for a plan predicted 565 ms: 0.5 % faster, and
-// measured 1-3 % slower than the plan it replaced in three interleaved rounds. So the costs are
+// measured 1-2 % slower than the plan it replaced in three interleaved rounds. So the costs are
 // taken (the next plan and the learned-costs store use them) but the plan in force stays unless
 // the best plan with them is predicted faster by more than kReplanGain; Learning::kept_plans
 // counts the windows where it stayed. Not by the window's noise as well: both plans are
@@ -2179,6 +2180,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   what += std::string("): ") + (take_times && take_reads ? "both" : take_times ? "the layer times" : "the read rate") +
           " learned";
   const auto t0 = std::chrono::steady_clock::now();
+  const bool gridded = m.grid != nullptr;
   if (m.grid) {
     // The table is rebuilt off this thread; the plan in force runs until it is ready.
     const PartitionOptions po = partition_options(m.info, m.opt);
@@ -2217,13 +2219,14 @@ void learn_costs(Executor::Impl& m, bool whole) {
     return;
   }
   // Note [A re-plan must gain]: the plan in force, predicted with the costs just taken, stays
-  // unless the best plan with them is predicted faster by more than kReplanGain.
+  // unless the best plan with them is predicted faster by more than kReplanGain. Not for an
+  // executor whose grid could not be rebuilt above: its Runtime splits again only when a plan
+  // is put in force (Learning::adopted), and the costs it splits with have changed.
   const double in_force = predicted(layer_costs(m.info, m.opt), m.opt.cost);
-  const double gain = kReplanGain;
   double best = 0;
   bool adopted = false;
   try {
-    adopted = set_budget_locked(m, m.opt.budget, in_force * (1 - gain), &best);
+    adopted = set_budget_locked(m, m.opt.budget, gridded ? 0 : in_force * (1 - kReplanGain), &best);
   } catch (const std::exception& e) {
     // Cannot happen (the minimum budget does not depend on times); if it does, keep the plan
     // and the costs it was made with.
@@ -2240,8 +2243,8 @@ void learn_costs(Executor::Impl& m, bool whole) {
     ++l.kept_plans;
     log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what +
                              ": the plan stays, predicted " + std::to_string(in_force) + " ms with them; the best plan with them " +
-                             std::to_string(best) + " ms is not " +
-                             std::to_string(static_cast<long long>(std::lround(100 * gain))) + " % faster");
+                             std::to_string(best) + " ms is not more than " +
+                             std::to_string(static_cast<long long>(std::lround(100 * kReplanGain))) + " % faster");
     return;
   }
   l.predicted_before_ms = before;

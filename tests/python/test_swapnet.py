@@ -142,6 +142,7 @@ def test_learned_costs_can_be_kept(packed, tmp_path):
         assert torch.equal(ex(x), ref)
     assert ex.stats["learn_loaded"] is False
     assert ex.stats["learn_stored"] == ex.stats["learn_replans"]
+    assert 0 <= ex.stats["learn_kept_plans"] <= ex.stats["learn_replans"]
     if ex.stats["learn_stored"]:
         assert json.loads(store.read_text())["swapnet_learned"] == 1
 

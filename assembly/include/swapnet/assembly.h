@@ -544,7 +544,7 @@ class SWAPNET_API Executor {
   // Note [Learning the costs in service] (ExecutorOptions::learn_after), since open.
   struct Learning {
     std::uint64_t windows = 0;   // windows of learn_after inferences compared with the costs
-    std::uint64_t replans = 0;   // of them, those that changed the costs (and re-planned)
+    std::uint64_t replans = 0;   // of them, those that took costs (a plan put in force, or kept)
     std::uint64_t adopted = 0;   // plans made with learned costs put in force (with a grid: once built)
     // Re-plans that kept the plan in force: the best plan with the costs learned was not predicted
     // enough faster (Note [A re-plan must gain] in executor.cpp); the costs were taken all the same.
