@@ -527,7 +527,9 @@ TEST(SustainedRate, LeavesOutTheBurstAfterIdling) {
     EXPECT_LT(st.bytes, r->bytes_read()) << what;
     const double sustained = static_cast<double>(st.bytes) / st.seconds;
     EXPECT_GT(sustained, 0.75 * rate) << what;
-    EXPECT_LT(sustained, 1.12 * rate) << what << " (bytes / busy time: " << plain / 1e6 << " MB/s)";
+    // 1.2: under TSan beside other tests the gaps and the burst stretch (1.127 x once, with
+    // bytes / busy time at 2.01 x); the burst left in would be 2 x.
+    EXPECT_LT(sustained, 1.2 * rate) << what << " (bytes / busy time: " << plain / 1e6 << " MB/s)";
     if (credit > 0) {
       EXPECT_GT(plain, 1.15 * rate) << "the burst is there to leave out";
     } else {
