@@ -162,6 +162,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     }
   }
   for (auto& m : s.models) {
+    // Before anything moves to the GPU, so the message is ours and not PyTorch's.
+    if (m.device == "cuda") require_cuda(path + ": model '" + m.rt.name + "' (" + m.rt.image + ")");
     ImageInfo info;
     read_image_info(m.rt.image, &info).throw_if_error();
     whole += info.data_size + info.activation_bytes;
@@ -203,9 +205,16 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
             at::internal::lazy_init_num_threads();
             at::set_num_threads(s.models[i].rt.threads);
             c10::InferenceMode g;
-            InMemory direct(s.models[i].rt.image, infos[i], s.models[i].device == "cuda");
-            out = direct.sk.forward(clone_inputs(inputs[i]));
-            if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
+            const bool cuda = s.models[i].device == "cuda";
+            InMemory direct(s.models[i].rt.image, infos[i], cuda);
+            // Its inputs on the GPU too, as the executor moves them (Executor::begin).
+            std::vector<c10::IValue> in = clone_inputs(inputs[i]);
+            if (cuda) {
+              for (auto& v : in) {
+                if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
+              }
+            }
+            out = direct.sk.forward(std::move(in));
           } catch (...) {
             failed = std::current_exception();
           }
@@ -261,8 +270,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
     std::lock_guard<std::mutex> lk(mu);
     lat[i].push_back(ms);
     samples.push_back({rt->seconds(), i, ms, rt->total_budget()});
-    if (o.check) {
-      if (s.models[i].device == "cuda" && out.isTensor()) out = out.toTensor().cpu();
+    if (o.check) {  // compare_outputs reads GPU tensors back itself
       Comparison cmp = compare_outputs(reference[i], out);
       if (!cmp.equal && equal[i]) diff[i] = cmp.difference;
       equal[i] &= cmp.equal;

@@ -251,6 +251,23 @@ def main() -> int:
     for name, (fields, message) in bad.items():
         rc, out, err = run(cli, "serve", scenario(name, **fields), "--socket", "none")
         expect(rc == 2 and message in err, f"{name}: exit {rc}, {err.strip()!r} lacks {message!r}")
+    # A model on the GPU: where none is usable, an error naming the scenario and the model, not
+    # PyTorch's backend dump (which serve printed before); where one is, served bit-identical to
+    # direct GPU inference (its check moves the inputs to the GPU, as the executor does).
+    rc, out, _ = run(cli, "info", "--json")
+    gpu = rc == 0 and json.loads(out).get("cuda_usable") is True
+    path = scenario("gpu", models=[{"name": "r18", "image": "resnet18.swapnet", "device": "cuda"},
+                                   {"name": "mv2", "image": "mobilenet_v2.swapnet"}])
+    rc, out, err = run(cli, "serve", path, "--socket", "none", "--json")
+    if gpu:
+        expect(rc == 0, f"serve with a model on the GPU: exit {rc}: {err}")
+        if rc == 0:
+            for m in json.loads(out)["models"]:
+                expect(m["equal"] is True and m["over_budget"] == 0 and m["requests"] >= 3,
+                       f"{m['name']} ({m['device']}): equal {m['equal']}, over {m['over_budget']}, {m['requests']} requests")
+    else:
+        expect(rc == 2 and "gpu.json: model 'r18' (" in err and "--device cuda:" in err and "Could not run" not in err,
+               f"serve with a model on the GPU, none usable: exit {rc}, {err.strip()[:300]!r}")
     with open(os.path.join(work, "broken.json"), "w") as f:
         f.write("{\"models\": [")
     rc, out, err = run(cli, "serve", scenario("scale"), "--period-scale", "0", "--socket", "none")
