@@ -689,7 +689,24 @@ TEST(Executor, SplitLayersRunBelowTheWholeLayersMinimum) {
   for (const auto& L : pk.info.layers) largest = std::max(largest, L.size);
   for (const auto& L : whole.info.layers) largest_whole = std::max(largest_whole, L.size);
   // Layers whose parts differ on this machine stay whole (load_for_pack): resnet18's
-  // layer4.0.conv1 (4.7 MB) on one CPU; its 9.4 MB 3x3 convolutions split.
+  // layer4.0.conv1 (4.7 MB) on one CPU; its 9.4 MB 3x3 convolutions split. On the H100 machine
+  // (pip torch 2.11, 16 CPUs) every part differed and nothing split: skipped there, and only
+  // where this machine's convolution in parts of 64 output channels does differ from the whole.
+  if (pk.info.layers.size() == whole.info.layers.size()) {
+    at::Tensor w;
+    for (const auto& p : pk.m.named_parameters()) {
+      if (p.name == "layer4.1.conv2.weight") w = p.value;
+    }
+    ASSERT_TRUE(w.defined());
+    c10::InferenceMode g;
+    torch::manual_seed(3);
+    const at::Tensor in = torch::randn({1, 512, 2, 2});
+    const at::Tensor one = at::conv2d(in, w, {}, 1, 1);
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < w.size(0); r += 64) parts.push_back(at::conv2d(in, w.narrow(0, r, 64), {}, 1, 1));
+    ASSERT_FALSE(at::equal(one, at::cat(parts, 1))) << "parts are bit-identical here, yet pack split no layer";
+    GTEST_SKIP() << "this machine's convolutions in parts differ from the whole, so pack keeps every layer whole";
+  }
   EXPECT_LT(largest, largest_whole);
   ASSERT_LT(split_min, whole_min) << "the ring needs the largest part, not the largest layer";
   EXPECT_GE(pk.info.layers.size(), whole.info.layers.size() + 2);
