@@ -60,7 +60,8 @@
 // project's CPUs that held for every part of 128 rows or more tried (conv 3x3 and 1x1, 64-2048
 // channels; linear 25088 x 4096 in 2-16 parts), not for a 64-row part of a 256 -> 512 stride-2
 // 3x3 convolution on a 4x4 map (oneDNN chose another kernel), and neither library promises it.
-// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU);
+// So load_for_pack() checks the example input (at pack's thread count, on the packing CPU, and
+// on its GPU where one is usable: Note [Splitting on the GPU]);
 // each layer whose parts differ is tried in parts of split_above, and kept whole if those differ
 // too. The parts are no slower: the cat
 // copies the output once, each part reorders its input again, and oneDNN reorders less weight
@@ -75,6 +76,7 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -828,14 +830,44 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
     c10::InferenceMode guard;
     expected = m.forward(clones());
   }
-  auto differs = [&](const Skeleton& s) { return !compare_outputs(expected, s.forward(clones())).equal; };
-  if (!differs(sk)) return sk;
+  // Note [Splitting on the GPU]: where a GPU is usable, the parts must also give there what
+  // forward gives there. cuDNN and cuBLAS choose kernels by the output channels too, and an
+  // image packed on a machine with a GPU runs on either. The skeleton of the same options, its
+  // slots copied to the GPU, against the module moved there (as direct GPU inference does).
+  const bool gpu = at::hasCUDA() && cuda_device().usable;
+  const c10::Device dev(c10::DeviceType::CUDA, 0);
+  auto gpu_clones = [&] {
+    std::vector<c10::IValue> v = clones();
+    for (auto& x : v) {
+      if (x.isTensor() && x.toTensor().defined()) x = x.toTensor().to(dev);
+    }
+    return v;
+  };
+  c10::IValue expected_gpu;
+  if (gpu) {
+    c10::InferenceMode guard;
+    torch::jit::Module mg = m.clone();
+    mg.to(dev);
+    expected_gpu = mg.forward(gpu_clones());
+    log(LogLevel::kInfo, path + ": large layers in parts checked on the CPU and on the GPU (" + cuda_device().name + ")");
+  }
+  auto differs_on_gpu = [&](const SkeletonOptions& o) {
+    Skeleton g = Skeleton::from_module(m, path, o);
+    for (int i = 0; i < static_cast<int>(g.slots().size()); ++i) {
+      if (g.slot(i).defined()) g.bind_slot(i, g.slot(i).to(dev));
+    }
+    return !compare_outputs(expected_gpu, g.forward(gpu_clones())).equal;
+  };
+  auto differs = [&](const Skeleton& s, const SkeletonOptions& o) {
+    return !compare_outputs(expected, s.forward(clones())).equal || (gpu && differs_on_gpu(o));
+  };
+  if (!differs(sk, options)) return sk;
   SkeletonOptions none = options;
   none.split_above = 0;
   Skeleton whole_sk = Skeleton::from_module(m, path, none);
   // The layers differing from forward without any part (a forward that is not deterministic):
   // nothing to blame the parts for, and verify says what differs.
-  if (differs(whole_sk)) return whole_sk;
+  if (differs(whole_sk, none)) return whole_sk;
   // One at a time, the others whole: a layer whose parts of split_part differ is tried in parts
   // of split_above (fewer output channels make oneDNN pick other kernels), and stays whole if
   // those differ too.
@@ -849,12 +881,12 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
     for (const auto& other : split) {
       if (other != name) one.keep_whole.push_back(other);
     }
-    if (!differs(Skeleton::from_module(m, path, one))) continue;
+    if (!differs(Skeleton::from_module(m, path, one), one)) continue;
     bool coarse_ok = false;
     if (finer) {
       one.coarse_parts.push_back(name);
       Skeleton c = Skeleton::from_module(m, path, one);
-      coarse_ok = c.split_layers() > 0 && !differs(c);
+      coarse_ok = c.split_layers() > 0 && !differs(c, one);
     }
     if (coarse_ok) {
       keep.coarse_parts.push_back(name);
@@ -865,7 +897,7 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
     }
   }
   Skeleton kept = Skeleton::from_module(m, path, keep);
-  if (kept.split_layers() > 0 && differs(kept)) {
+  if (kept.split_layers() > 0 && differs(kept, keep)) {
     log(LogLevel::kWarn, path + ": layers computed in parts along their output channels differ from forward on this "
                                 "machine; packed without splitting any");
     return whole_sk;
