@@ -162,4 +162,14 @@ void gpu_prefetch(const void* p, std::uint64_t bytes) {
 #endif
 }
 
+bool gpu_handover_may_lose_reads() {
+#if SWAPNET_WITH_CUDA
+  if (!discrete_with_managed_access()) return false;
+  const Handover how = handover();
+  return how == Handover::kNone || how == Handover::kPrefetch;
+#else
+  return false;
+#endif
+}
+
 }  // namespace swapnet

@@ -1324,6 +1324,18 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
                    "): blocks go to pinned host memory registered with CUDA, so reads can overlap kernels");
       m.opt.memory = MemoryKind::kRegistered;
     }
+    if (m.opt.memory == MemoryKind::kManaged && gpu_handover_may_lose_reads() &&
+        m.opt.verify != ExecutorOptions::Verify::kAlways) {
+      // Note [Managed memory on a discrete GPU] (cuda_shim.cpp): under "prefetch" and "none" a
+      // block read next to pages that migrate lost its data on an H100, at any fetch. The first
+      // fetch's checksums are not enough then: every fetch is checked (a failed inference, never
+      // a wrong output), and the user is told why it is slower.
+      log_once(LogLevel::kWarn, "gpu_handover_unsafe",
+               "SWAPNET_GPU_PREFETCH=" + std::string(std::getenv("SWAPNET_GPU_PREFETCH")) +
+                   " may lose blocks read into managed memory on this GPU (" + cuda_device().name +
+                   "): every block's checksum is verified at every fetch (unset it for the safe default, host)");
+      m.opt.verify = ExecutorOptions::Verify::kAlways;
+    }
   }
   if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
   m.cross_inference = options.read_ahead != ReadAhead::kPaper;

@@ -106,6 +106,49 @@ TEST(GpuSplit, PartsKeptByPackAreBitIdenticalToTheModuleOnTheGpu) {
   }
 }
 
+// Note [Managed memory on a discrete GPU]: under SWAPNET_GPU_PREFETCH=none (pages migrate on
+// touch) an H100 lost blocks' data in every run, at any fetch. Every fetch is then verified, so
+// each inference is bit-identical or fails naming the checksum, never a wrong output. (Each
+// ctest test is its own process, so the policy read once per process is this test's.)
+TEST(GpuHandover, AnUnsafePolicyFailsAnInferenceRatherThanReturnAWrongOutput) {
+  ::setenv("SWAPNET_GPU_PREFETCH", "none", 1);
+  ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
+  if (cuda_device().integrated || !cuda_device().concurrent_managed_access) {
+    GTEST_SKIP() << cuda_device().name << ": blocks do not migrate on this GPU (integrated or no concurrent access)";
+  }
+  ASSERT_TRUE(gpu_handover_may_lose_reads());
+  const std::vector<int64_t> shape = {1, 3, 224, 224};
+  Packed pk = packed("resnet101", shape);
+  torch::manual_seed(6);
+  const at::Tensor x = torch::randn(shape);
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    torch::jit::Module direct = pk.m.clone();
+    direct.to(kGpu);
+    expected = direct.forward({x.to(kGpu)});
+  }
+  ExecutorOptions o;
+  o.device = ExecutorOptions::Device::kCUDA;
+  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info, o));
+  int equal = 0, caught = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto ex = Executor::open(pk.img, o);
+    for (int k = 0; k < 3; ++k) {
+      try {
+        Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
+        ASSERT_TRUE(c.equal) << "open " << i << ", inference " << k << ": a wrong output: " << c.difference;
+        ++equal;
+      } catch (const Error& e) {
+        ASSERT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+        ++caught;
+        break;
+      }
+    }
+  }
+  std::printf("SWAPNET_GPU_PREFETCH=none: %d inferences bit-identical, %d failed on a checksum\n", equal, caught);
+}
+
 // Layers on the CPU of a machine with a GPU run as on one without: blocks in host memory, the
 // deep ring (on the H100 they had gone to managed memory read two ahead, and lost the ring's
 // lower minimum and the lent activation reserve).

@@ -54,6 +54,9 @@ SWAPNET_API void gpu_managed_made(void* p, std::uint64_t bytes);
 // A block landed at [p, p+bytes): "prefetch" and "advise" start migrating it to device 0 on the
 // shim's own stream (a hint: kernels that start earlier fault the rest in).
 SWAPNET_API void gpu_prefetch(const void* p, std::uint64_t bytes);
+// The policy in force may move pages under a read in flight ("prefetch" and "none" on a discrete
+// GPU: both lost a block's data on an H100), so every fetch must be checked, not only the first.
+SWAPNET_API bool gpu_handover_may_lose_reads();
 
 // Bytes of memory this process holds through swapnet's allocator, process-wide.
 struct MemoryStats {
