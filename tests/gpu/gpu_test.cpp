@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <random>
 #include <string>
 #include <unistd.h>
 
@@ -73,6 +74,44 @@ TEST_P(Gpu, SwappedRunIsBitIdenticalToDirectGpuInference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Gpu, ::testing::Values("resnet18", "mobilenet_v2", "resnet101"));
+
+// Engine v2's budget moves within an inference on the GPU (issue 14 on issue 19's machine): the
+// budget set at a random layer of an inference in progress, shrunk and grown, takes effect at
+// the block boundary; the held weights and the activation reserve then fit the new plan, and
+// the output is bit-identical to direct GPU inference.
+TEST(GpuBudget, MovesInTheMiddleOfAnInferenceAreBitIdentical) {
+  ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
+  const std::vector<int64_t> shape = {1, 3, 224, 224};
+  Packed pk = packed("resnet101", shape);
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn(shape);
+  c10::IValue expected;
+  {
+    c10::InferenceMode guard;
+    torch::jit::Module direct = pk.m.clone();
+    direct.to(kGpu);
+    expected = direct.forward({x.to(kGpu)});
+  }
+  ExecutorOptions o;
+  o.device = ExecutorOptions::Device::kCUDA;
+  const std::uint64_t minimum = min_budget(pk.info, o);
+  o.budget = std::max(pk.info.data_size / 2, minimum);
+  auto ex = Executor::open(pk.img, o);
+  std::mt19937 rng(11);
+  const int L = static_cast<int>(ex->info().layers.size());
+  const std::uint64_t budgets[] = {minimum, pk.info.data_size / 2 + minimum / 2, pk.info.data_size * 2, minimum + minimum / 4};
+  for (int trial = 0; trial < 12; ++trial) {
+    ex->begin({x.clone()});
+    bool done = false;
+    const int k = 1 + static_cast<int>(rng() % static_cast<unsigned>(L - 1));
+    while (!done && ex->next_layer() < k) done = ex->step(k);
+    ex->set_budget(std::max(budgets[trial % 4], minimum));
+    EXPECT_LE(ex->weight_memory().held + ex->plan().activation_bytes, ex->plan().total()) << "trial " << trial;
+    while (!done) done = ex->step();
+    Comparison c = compare_outputs(expected, ex->finish());
+    ASSERT_TRUE(c.equal) << "trial " << trial << " at layer " << k << ": " << c.difference;
+  }
+}
 
 // Note [Splitting on the GPU]: an image packed with large layers in parts on a machine with a
 // GPU keeps in parts only the layers whose parts give what forward gives on the CPU and on the
