@@ -29,6 +29,37 @@ using test_util::packed;
 
 const at::Device kGpu(at::kCUDA, 0);
 
+// Direct GPU inference of the module: its weights moved with .to(kCUDA), as model.to(kCUDA) does.
+c10::IValue direct_gpu(const torch::jit::Module& m, const at::Tensor& x) {
+  c10::InferenceMode guard;
+  torch::jit::Module direct = m.clone();
+  direct.to(kGpu);
+  return direct.forward({x.to(kGpu)});
+}
+
+// A model packed at batch 1, 224x224, an input drawn with `seed`, and direct GPU inference of it.
+struct Case {
+  Packed pk;
+  at::Tensor x;
+  c10::IValue expected;
+};
+Case gpu_case(const std::string& name, int seed, const SkeletonOptions& options = pack_skeleton_options()) {
+  const std::vector<int64_t> shape = {1, 3, 224, 224};
+  Case c{packed(name, shape, options), {}, {}};
+  torch::manual_seed(seed);
+  c.x = torch::randn(shape);
+  c.expected = direct_gpu(c.pk.m, c.x);
+  return c;
+}
+
+// Swapped on the GPU at 1/divisor of the image's bytes, or the GPU's minimum if that is more.
+ExecutorOptions gpu_options(const ImageInfo& info, std::uint64_t divisor) {
+  ExecutorOptions o;
+  o.device = ExecutorOptions::Device::kCUDA;
+  o.budget = std::max(info.data_size / divisor, min_budget(info, o));
+  return o;
+}
+
 class Gpu : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -38,23 +69,11 @@ class Gpu : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(Gpu, SwappedRunIsBitIdenticalToDirectGpuInference) {
-  const std::vector<int64_t> shape = {1, 3, 224, 224};
-  Packed pk = packed(GetParam(), shape);
-  torch::manual_seed(2);
-  const at::Tensor x = torch::randn(shape);
-  c10::IValue expected;
-  {
-    c10::InferenceMode guard;
-    torch::jit::Module direct = pk.m.clone();
-    direct.to(kGpu);
-    expected = direct.forward({x.to(kGpu)});
-  }
-  ExecutorOptions o;
-  o.device = ExecutorOptions::Device::kCUDA;
-  // The minimum on the GPU: two blocks read ahead (the CPU's ring needs less; mobilenet_v2 fell
-  // below the GPU's minimum at the CPU's on the H100).
+  const auto [pk, x, expected] = gpu_case(GetParam(), 2);
+  // At least the minimum on the GPU: two blocks read ahead (the CPU's ring needs less;
+  // mobilenet_v2 fell below the GPU's minimum at the CPU's on the H100).
+  const ExecutorOptions o = gpu_options(pk.info, 3);
   const std::uint64_t minimum = min_budget(pk.info, o);
-  o.budget = std::max(pk.info.data_size / 3, minimum);
   auto ex = Executor::open(pk.img, o);
   EXPECT_NE(ex->memory(), MemoryKind::kHost);
   EXPECT_GT(ex->plan().blocks.size(), 2u);
@@ -81,21 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Models, Gpu, ::testing::Values("resnet18", "mobilenet_v
 // the output is bit-identical to direct GPU inference.
 TEST(GpuBudget, MovesInTheMiddleOfAnInferenceAreBitIdentical) {
   ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
-  const std::vector<int64_t> shape = {1, 3, 224, 224};
-  Packed pk = packed("resnet101", shape);
-  torch::manual_seed(7);
-  const at::Tensor x = torch::randn(shape);
-  c10::IValue expected;
-  {
-    c10::InferenceMode guard;
-    torch::jit::Module direct = pk.m.clone();
-    direct.to(kGpu);
-    expected = direct.forward({x.to(kGpu)});
-  }
-  ExecutorOptions o;
-  o.device = ExecutorOptions::Device::kCUDA;
+  const auto [pk, x, expected] = gpu_case("resnet101", 7);
+  const ExecutorOptions o = gpu_options(pk.info, 2);
   const std::uint64_t minimum = min_budget(pk.info, o);
-  o.budget = std::max(pk.info.data_size / 2, minimum);
   auto ex = Executor::open(pk.img, o);
   std::mt19937 rng(11);
   const int L = static_cast<int>(ex->info().layers.size());
@@ -120,24 +127,12 @@ TEST(GpuBudget, MovesInTheMiddleOfAnInferenceAreBitIdentical) {
 // part matched on its CPU; what splits there, if any, is printed.
 TEST(GpuSplit, PartsKeptByPackAreBitIdenticalToTheModuleOnTheGpu) {
   ASSERT_TRUE(cuda_device().usable) << cuda_device().reason;
-  const std::vector<int64_t> shape = {1, 3, 224, 224};
   SkeletonOptions split;
   split.split_above = 512 << 10;
-  Packed pk = packed("resnet18", shape, split);
-  Packed whole = packed("resnet18", shape);
+  const auto [pk, x, expected] = gpu_case("resnet18", 5, split);
+  const Packed whole = packed("resnet18", {1, 3, 224, 224});
   std::printf("resnet18 in parts above 512 KiB: %zu layers (whole: %zu)\n", pk.info.layers.size(), whole.info.layers.size());
-  torch::manual_seed(5);
-  const at::Tensor x = torch::randn(shape);
-  c10::IValue expected;
-  {
-    c10::InferenceMode guard;
-    torch::jit::Module direct = pk.m.clone();
-    direct.to(kGpu);
-    expected = direct.forward({x.to(kGpu)});
-  }
-  ExecutorOptions o;
-  o.device = ExecutorOptions::Device::kCUDA;
-  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info, o));
+  const ExecutorOptions o = gpu_options(pk.info, 3);
   auto ex = Executor::open(pk.img, o);
   for (int i = 0; i < 2; ++i) {
     Comparison c = compare_outputs(expected, ex->forward({x.clone()}));
@@ -156,20 +151,8 @@ TEST(GpuHandover, AnUnsafePolicyFailsAnInferenceRatherThanReturnAWrongOutput) {
     GTEST_SKIP() << cuda_device().name << ": blocks do not migrate on this GPU (integrated or no concurrent access)";
   }
   ASSERT_TRUE(gpu_handover_may_lose_reads());
-  const std::vector<int64_t> shape = {1, 3, 224, 224};
-  Packed pk = packed("resnet101", shape);
-  torch::manual_seed(6);
-  const at::Tensor x = torch::randn(shape);
-  c10::IValue expected;
-  {
-    c10::InferenceMode guard;
-    torch::jit::Module direct = pk.m.clone();
-    direct.to(kGpu);
-    expected = direct.forward({x.to(kGpu)});
-  }
-  ExecutorOptions o;
-  o.device = ExecutorOptions::Device::kCUDA;
-  o.budget = std::max(pk.info.data_size / 3, min_budget(pk.info, o));
+  const auto [pk, x, expected] = gpu_case("resnet101", 6);
+  const ExecutorOptions o = gpu_options(pk.info, 3);
   int equal = 0, caught = 0;
   for (int i = 0; i < 8; ++i) {
     auto ex = Executor::open(pk.img, o);
@@ -220,12 +203,7 @@ TEST_P(GpuRuntime, TwoModelsOnTheGpuAreServedBitIdenticalAcrossBudgetMoves) {
   for (size_t i = 0; i < pk.size(); ++i) {
     torch::manual_seed(20 + static_cast<int>(i));
     x.push_back(torch::randn(shape));
-    {
-      c10::InferenceMode guard;
-      torch::jit::Module direct = pk[i].m.clone();
-      direct.to(kGpu);
-      expected.push_back(direct.forward({x[i].to(kGpu)}));
-    }
+    expected.push_back(direct_gpu(pk[i].m, x[i]));
     RuntimeModel m;
     m.name = i == 0 ? "resnet18" : "mobilenet_v2";
     m.image = pk[i].img;
