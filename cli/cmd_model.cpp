@@ -181,6 +181,7 @@ bool is_image(const std::string& path) {
 
 SkeletonOptions skeleton_options(const Common& c) {
   SkeletonOptions o = pack_skeleton_options();
+  o.check_parts_on_gpu = true;  // where a GPU is usable (Note [Splitting on the GPU])
   if (!c.split_above.empty()) o.split_above = parse_size(c.split_above);
   if (o.split_above > (std::uint64_t{1} << 40)) {
     throw Error("--split-above " + c.split_above + ": at most 1 TiB (0: never split)");

@@ -5,7 +5,7 @@
 #   bash scripts/gpu-check.sh            (device tool: carry .gpu-deps; results land in $OUT)
 # Device time is short, so everything runs in one command against one deadline
 # (SWAPNET_GPU_CHECK_SECONDS, default 520), the most important first, each step bounded;
-# SWAPNET_GPU_CHECK_FOCUS=1 runs a shorter set (the GPU, preload, run and python tests; copies
+# SWAPNET_GPU_CHECK_FOCUS=1 runs a shorter set (the GPU, preload, run, python and serve.small tests; copies
 # and latency of resnet101 and yolov3), for a second try in what is left of a session's time.
 #  0. the machine: GPU, driver, CUDA, torch, compilers;
 #  1. the build against the pip libtorch (ninja -k 0: every compile error comes back at once);
@@ -139,7 +139,7 @@ stamp ctest
 # each made CPU tests time out (first run). Two passes: first the tests of what a GPU changes
 # (gpu.*, the preload, Python, run, serve, the executor's), then the rest; run 3 ran one pass in
 # number order, and its time ran out with the preload's and Python's tests not started.
-gpu_first='^gpu\.|^preload\.|^python\.|^run\.|^serve\.|^Executor\.'
+gpu_first='^gpu\.|^preload\.|^python\.|^run\.|^serve\.small$|^Executor\.'
 ctest_pass() {  # NAME CAP ARGS...: one ctest pass, its log in $out/ctest-NAME.log
   local name=$1 cap=$2; shift 2
   [ "$cap" -gt 20 ] || { verdict "ctest $name" 1 "NOT RUN: out of device time"; return; }
@@ -151,15 +151,14 @@ ctest_pass() {  # NAME CAP ARGS...: one ctest pass, its log in $out/ctest-NAME.l
   cp "$detail/ctest-$name.log" "$out/ctest-$name.log"
   local done_n
   done_n=$(grep -cE 'Test +#[0-9]+: ' "$detail/ctest-$name.log")
-  [ $rc -ne 124 ] || rc=1
-  verdict "ctest $name ($*) with SWAPNET_EXPECT_GPU=1" $rc \
+  verdict "ctest $name pass with SWAPNET_EXPECT_GPU=1" $rc \
     "$(grep -E 'tests passed|tests failed' "$detail/ctest-$name.log" | tail -n 1)${done_n:+; $done_n finished}$([ -s "$detail/ctest-$name.log" ] && grep -q 'tests passed\|tests failed' "$detail/ctest-$name.log" || echo '; cut by the deadline')"
 }
 if [ -z "$focus" ]; then
   ctest_pass gpu-first $(( $(left) - 330 )) -LE "model|package" -R "$gpu_first"
   ctest_pass rest $(( $(left) - 170 )) -LE "model|package" -E "$gpu_first"
 else
-  ctest_pass gpu-first 90 -LE "model|zoo|package" -R "$gpu_first"
+  ctest_pass gpu-first 150 -LE "model|zoo|package" -R '^gpu\.|^preload\.|^python\.|^run\.|^serve\.small$'
 fi
 stamp "waiting for the paper models"
 wait $export_pid || { tail -n 20 "$detail/models-paper.log"; verdict "export resnet101, yolov3, vgg19" 1; }
@@ -223,8 +222,8 @@ cell() {  # NAME FRACTION [HANDOVER ROUNDS ITERS]
   # differing on that machine's CPU, so its minimum was 438.5 MiB, 80 % of the model): once more
   # at 5 % above that minimum, and the row says so.
   local least
-  least=$(grep -o 'the minimum for this model is [0-9]* bytes' "$detail/$name-1of$frac-$how$tag.err" | grep -o '[0-9][0-9]*')
-  if [ $rc -ne 0 ] && [ -n "$least" ]; then
+  least=$(grep -o 'the minimum for this model is [0-9]* bytes' "$detail/$name-1of$frac-$how$tag.err" | grep -o '[0-9][0-9]*' | head -n 1)
+  if [ $rc -ne 0 ] && [[ $least =~ ^[0-9]+$ ]]; then
     b=$(( least * 105 / 100 )); frac="$frac-raised-to-min"
     j=$detail/$name-1of$frac-$how$tag.json
     SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
@@ -237,7 +236,8 @@ name, b, frac, path, rows, how = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys
 j = json.load(open(path))
 d = j["direct"]["latency_ms"]["median"]
 s = j["latency_ms"]["median"]
-open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": f"1/{frac}", "budget": b, "handover": how,
+open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": f"1/{frac}", "budget": b, "handover": how.split(",")[0],
+    "disk": how.split("at ")[-1] if "emulated" in how else "the machine's",
     "direct_ms": d, "swapnet_ms": s, "ratio_vs_direct": j.get("ratio_vs_direct"), "raw_io_mb_s": j.get("raw_io_mb_s"),
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
     "equal": j.get("equal"), "memory": j.get("memory"), "bytes_read_per_inference": j.get("bytes_read_per_inference"),
@@ -278,7 +278,7 @@ open(sys.argv[2], "a").write(json.dumps({"kind": "serve", "scheduler": sys.argv[
     "adaptations": j.get("adaptations"), "peak_model_bytes_sum": j.get("peak_model_bytes_sum")}) + "\n")
 print(f"slo_met {j.get('slo_met')}; " + "; ".join(f"{m.get('name')}: {m.get('requests')} requests, median "
       f"{m.get('latency_ms', {}).get('median')} ms, met {m.get('slo_met')}, dropped {m.get('dropped')}, equal {m.get('equal')}" for m in ms))
-sys.exit(0 if ms and all(m.get("equal") is True for m in ms) else 1)
+sys.exit(0 if ms and all(m.get("equal") is True and (m.get("requests") or 0) > (m.get("dropped") or 0) for m in ms) else 1)
 PY
 )
   local eq=$?
@@ -296,7 +296,7 @@ done
 # The default hand-over (host) on every cell, each bit-checked against direct GPU inference;
 # then the deadline scheduler with GPU models; then the other hand-over policies (Note [Managed
 # memory on a discrete GPU]) on resnet101 at 1/3: run 2 measured them, and two lose data.
-for spec in "resnet101 3" "yolov3 3" "vgg19 3" "resnet101 2" "yolov3 2" "vgg19 2"; do
+for spec in "resnet101 3" "yolov3 3" "vgg19 3" "resnet101 2" "yolov3 2"; do
   [ -z "$focus" ] || [ "${spec%% *}" != vgg19 ] || continue
   [ "$(left)" -gt 40 ] || { results+=("| $spec | NOT RUN | out of device time |"); continue; }
   stamp "latency $spec"; cell $spec

@@ -1327,13 +1327,13 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     if (m.opt.memory == MemoryKind::kManaged && gpu_handover_may_lose_reads() &&
         m.opt.verify != ExecutorOptions::Verify::kAlways) {
       // Note [Managed memory on a discrete GPU] (cuda_shim.cpp): under "prefetch" and "none" a
-      // block read next to pages that migrate lost its data on an H100, at any fetch. The first
-      // fetch's checksums are not enough then: every fetch is checked (a failed inference, never
-      // a wrong output), and the user is told why it is slower.
+      // block read next to pages that migrate lost its data on an H100. The first fetch's
+      // checksums caught every loss seen, but nothing makes a later fetch safe: every fetch is
+      // checked (a failed inference, never a wrong output), and the user is told why it is slower.
       log_once(LogLevel::kWarn, "gpu_handover_unsafe",
-               "SWAPNET_GPU_PREFETCH=" + std::string(std::getenv("SWAPNET_GPU_PREFETCH")) +
-                   " may lose blocks read into managed memory on this GPU (" + cuda_device().name +
-                   "): every block's checksum is verified at every fetch (unset it for the safe default, host)");
+               "SWAPNET_GPU_PREFETCH (prefetch or none) lost blocks read into managed memory on an H100; on this GPU (" +
+                   cuda_device().name +
+                   ") every block's checksum is verified at every fetch, not only the first (unset it for the safe default, host)");
       m.opt.verify = ExecutorOptions::Verify::kAlways;
     }
   }

@@ -834,7 +834,12 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   // forward gives there. cuDNN and cuBLAS choose kernels by the output channels too, and an
   // image packed on a machine with a GPU runs on either. The skeleton of the same options, its
   // slots copied to the GPU, against the module moved there (as direct GPU inference does).
-  const bool gpu = at::hasCUDA() && cuda_device().usable;
+  bool gpu = options.check_parts_on_gpu && at::hasCUDA() && cuda_device().usable;
+  auto gpu_failed = [&](const std::exception& e) {
+    log(LogLevel::kWarn, path + ": large layers in parts checked on the CPU only: the GPU check failed (" +
+                             std::string(e.what()).substr(0, 300) + ")");
+    gpu = false;
+  };
   const c10::Device dev(c10::DeviceType::CUDA, 0);
   auto gpu_clones = [&] {
     std::vector<c10::IValue> v = clones();
@@ -845,18 +850,27 @@ Skeleton load_for_pack(const std::string& path, const std::vector<c10::IValue>& 
   };
   c10::IValue expected_gpu;
   if (gpu) {
-    c10::InferenceMode guard;
-    torch::jit::Module mg = m.clone();
-    mg.to(dev);
-    expected_gpu = mg.forward(gpu_clones());
-    log(LogLevel::kInfo, path + ": large layers in parts checked on the CPU and on the GPU (" + cuda_device().name + ")");
+    try {
+      c10::InferenceMode guard;
+      torch::jit::Module mg = m.clone();
+      mg.to(dev);
+      expected_gpu = mg.forward(gpu_clones());
+      log(LogLevel::kInfo, path + ": large layers in parts checked on the CPU and on the GPU (" + cuda_device().name + ")");
+    } catch (const std::exception& e) {
+      gpu_failed(e);
+    }
   }
   auto differs_on_gpu = [&](const SkeletonOptions& o) {
-    Skeleton g = Skeleton::from_module(m, path, o);
-    for (int i = 0; i < static_cast<int>(g.slots().size()); ++i) {
-      if (g.slot(i).defined()) g.bind_slot(i, g.slot(i).to(dev));
+    try {
+      Skeleton g = Skeleton::from_module(m, path, o);
+      for (int i = 0; i < static_cast<int>(g.slots().size()); ++i) {
+        if (g.slot(i).defined()) g.bind_slot(i, g.slot(i).to(dev));
+      }
+      return !compare_outputs(expected_gpu, g.forward(gpu_clones())).equal;
+    } catch (const std::exception& e) {
+      gpu_failed(e);
+      return false;
     }
-    return !compare_outputs(expected_gpu, g.forward(gpu_clones())).equal;
   };
   auto differs = [&](const Skeleton& s, const SkeletonOptions& o) {
     return !compare_outputs(expected, s.forward(clones())).equal || (gpu && differs_on_gpu(o));

@@ -55,7 +55,8 @@ SWAPNET_API void gpu_managed_made(void* p, std::uint64_t bytes);
 // shim's own stream (a hint: kernels that start earlier fault the rest in).
 SWAPNET_API void gpu_prefetch(const void* p, std::uint64_t bytes);
 // The policy in force may move pages under a read in flight ("prefetch" and "none" on a discrete
-// GPU: both lost a block's data on an H100), so every fetch must be checked, not only the first.
+// GPU: both lost a block's data on an H100, caught by first fetches' checksums; nothing makes a
+// later fetch safe), so every fetch must be checked, not only the first.
 SWAPNET_API bool gpu_handover_may_lose_reads();
 
 // Bytes of memory this process holds through swapnet's allocator, process-wide.

@@ -108,6 +108,11 @@ struct SkeletonOptions {
   // Weights split in parts of split_above instead of split_part: those load_for_pack() found to
   // differ in parts of split_part only.
   std::vector<std::string> coarse_parts;
+  // load_for_pack() checks the parts on the GPU as well, where one is usable (Note [Splitting on
+  // the GPU] in skeleton.cpp): `swapnet pack` does. Off by default, because it makes a CUDA
+  // context and a GPU copy of the model in the packing process (the Python package packs inside
+  // users' programs); a GPU that fails the check is said and the CPU's check stands.
+  bool check_parts_on_gpu = false;
 };
 
 // What `swapnet pack` (and swapnet.pack, and the preload's pack) split layers above.
