@@ -67,6 +67,12 @@ void drop_page_cache(const std::string& path) {
   }
 }
 
+void inputs_to_cuda(std::vector<c10::IValue>* inputs) {
+  for (auto& v : *inputs) {
+    if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
+  }
+}
+
 InMemory::InMemory(const std::string& path, const ImageInfo& info, bool cuda) : sk(Skeleton::from_image(info, path)) {
   std::unique_ptr<BlockReader> r;
   BlockReader::open(path, ReaderOptions{}, &r).throw_if_error();
@@ -289,9 +295,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   if (cuda) {
     if (o.mode == "naive") throw Error("--mode naive runs on the CPU only (it is the paper's CPU baseline)");
     require_cuda(path);  // before the inputs move, so the message is ours and not PyTorch's
-    for (auto& v : inputs) {
-      if (v.isTensor()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
-    }
+    inputs_to_cuda(&inputs);
   }
   // GPU work is asynchronous: a timed forward ends when the GPU is done with it.
   auto sync = [&] {

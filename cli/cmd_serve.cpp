@@ -207,13 +207,8 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
             c10::InferenceMode g;
             const bool cuda = s.models[i].device == "cuda";
             InMemory direct(s.models[i].rt.image, infos[i], cuda);
-            // Its inputs on the GPU too, as the executor moves them (Executor::begin).
             std::vector<c10::IValue> in = clone_inputs(inputs[i]);
-            if (cuda) {
-              for (auto& v : in) {
-                if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(at::Device(at::kCUDA, 0));
-              }
-            }
+            if (cuda) inputs_to_cuda(&in);  // as the executor moves them
             out = direct.sk.forward(std::move(in));
           } catch (...) {
             failed = std::current_exception();

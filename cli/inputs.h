@@ -20,14 +20,18 @@ namespace cli {
 std::vector<c10::IValue> inputs_for(const Common& c, const ImageInfo& info, std::vector<std::string>* shapes);
 std::vector<std::string> split(const std::string& s, char sep);
 
-// The whole model in memory (direct mode, --check's reference, profiling): the image's data
-// read once, every layer bound to it.
+// Each tensor input moved to the GPU (device 0), as the executor moves a CPU input of a GPU
+// model (Executor::begin): for direct GPU inference beside it.
+void inputs_to_cuda(std::vector<c10::IValue>* inputs);
+
 // Plans with a device profile (cmd_plan.cpp).
 void use_profile(const DeviceProfile& p, ExecutorOptions* o);
 
 // The skeleton options --split-above asks for (Common::split_above).
 SkeletonOptions skeleton_options(const Common& c);
 
+// The whole model in memory (direct mode, --check's reference, profiling): the image's data
+// read once, every layer bound to it.
 struct InMemory {
   Skeleton sk;
   void* data = nullptr;

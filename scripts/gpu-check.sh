@@ -214,21 +214,21 @@ cell() {  # NAME FRACTION [HANDOVER ROUNDS ITERS]
   local tag=${SWAPNET_EMULATE_READ:+-emu${SWAPNET_EMULATE_READ//\//}}
   local label="$how${SWAPNET_EMULATE_READ:+, disk emulated at $SWAPNET_EMULATE_READ}"
   im=$(pack "$name"); b=$(( $(data_bytes "$im") / frac ))
-  j=$detail/$name-1of$frac-$how$tag.json
-  SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
-    --iters "$iters" --json > "$j" 2> "$detail/$name-1of$frac-$how$tag.err"
-  rc=$?
+  run_cell() {  # at $b, into $j and its .err; sets rc
+    j=$detail/$name-1of$frac-$how$tag.json
+    SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
+      --iters "$iters" --json > "$j" 2> "${j%.json}.err"
+    rc=$?
+  }
+  run_cell
   # Below the model's minimum on the GPU (run 3: vgg19's 392 MiB fc6 stayed whole, its parts
   # differing on that machine's CPU, so its minimum was 438.5 MiB, 80 % of the model): once more
   # at 5 % above that minimum, and the row says so.
   local least
-  least=$(grep -o 'the minimum for this model is [0-9]* bytes' "$detail/$name-1of$frac-$how$tag.err" | grep -o '[0-9][0-9]*' | head -n 1)
+  least=$(grep -o 'the minimum for this model is [0-9]* bytes' "${j%.json}.err" | grep -o '[0-9][0-9]*' | head -n 1)
   if [ $rc -ne 0 ] && [[ $least =~ ^[0-9]+$ ]]; then
     b=$(( least * 105 / 100 )); frac="$frac-raised-to-min"
-    j=$detail/$name-1of$frac-$how$tag.json
-    SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
-      --iters "$iters" --json > "$j" 2> "$detail/$name-1of$frac-$how$tag.err"
-    rc=$?
+    run_cell
   fi
   row=$("$py" - "$name" "$b" "$frac" "$j" "$rows" "$label" <<'PY'
 import json, sys
@@ -246,7 +246,7 @@ print(f"| {name} | 1/{frac} ({b / 2**20:.1f} MiB) | {how} | {d:.2f} | {s:.2f} | 
       f"{j.get('raw_io_mb_s', 0):.0f} | {j.get('io_bound_ms', 0):.2f} | {j.get('ratio_vs_bound', 0):.3f} | {j.get('num_blocks')} | {j.get('equal')} |")
 PY
 2>/dev/null)
-  [ -n "$row" ] || { tail -n 5 "$detail/$name-1of$frac-$how$tag.err"; row="| $name | 1/$frac | $label | run failed (rc $rc): $(grep -h error "$detail/$name-1of$frac-$how$tag.err" | head -n 1) |"; }
+  [ -n "$row" ] || { tail -n 5 "${j%.json}.err"; row="| $name | 1/$frac | $label | run failed (rc $rc): $(grep -h error "${j%.json}.err" | head -n 1) |"; }
   table="$table\n$row"
   verdict "$name --device cuda at 1/$frac ($label): runs, bit-identical to direct GPU inference" $rc "$row"
 }
