@@ -490,9 +490,11 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
                {"abandoned", m.abandoned},
                {"budget_changes", m.budget_changes},
                {"mid_inference_moves", m.mid_inference_moves},
-               // --learn (Note [Learning the costs in service]): windows checked, learned plans in force.
+               // --learn (Note [Learning the costs in service]): windows checked, learned plans in
+               // force, plans kept with learned costs (Note [A re-plan must gain]).
                {"learn_windows", learned.windows},
                {"learned_plans", learned.adopted},
+               {"learn_kept_plans", learned.kept_plans},
                {"learn_window", learned.window},
                {"learn_noise", learned.noise},
                {"learn_loaded", learned.loaded_times || learned.loaded_rate},

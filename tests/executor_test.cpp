@@ -1052,13 +1052,16 @@ TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
   // quick inferences, so inferences go on, a pause apart, for up to a minute (a liveness bound).
   int i = 0;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (; ex->learning().predicted_after_ms == 0 && std::chrono::steady_clock::now() < give_up; ++i) {
+  auto followed = [&] { return ex->learning().adopted + ex->learning().kept_plans; };
+  for (; followed() == 0 && std::chrono::steady_clock::now() < give_up; ++i) {
     EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
     EXPECT_LE(ex->plan().total(), o.budget);
     if (i >= 40) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_GT(ex->learning().predicted_after_ms, 0) << "the grid was not adopted in " << i << " inferences";
-  EXPECT_EQ(ex->learning().predicted_before_ms, at_open);
+  EXPECT_EQ(followed(), 1u) << "the grid was not taken up in " << i << " inferences";
+  // Its plan put in force, or the plan in force kept (Note [A re-plan must gain]): which, depends
+  // on how this run's layers timed; either way predicted with the costs learned.
+  if (ex->learning().adopted == 1) EXPECT_EQ(ex->learning().predicted_before_ms, at_open);
   EXPECT_LT(ex->plan().predicted_ms, 5e3);
   EXPECT_LT(ex->latency_curve().back().second, 5e3) << "the latency curve is the new grid's";
   ex->set_budget(pk.info.data_size / 2);  // a budget change looks the new grid up
@@ -1073,6 +1076,38 @@ TEST(Executor, LearnedCostsRebuildTheGridAndLeaveAGivenPlan) {
   for (int j = 0; j < 4; ++j) EXPECT_TRUE(compare_outputs(expected, fixed->forward({x.clone()})).equal);
   EXPECT_EQ(fixed->learning().windows, 0u);
   EXPECT_EQ(fixed->info().layers[last].time_ms, 1e4);
+}
+
+// Note [A re-plan must gain] with a budget grid (a Runtime's executors): every block resident, the
+// grid rebuilt with the costs learned (the 10 s layer gone) has the plan in force at this budget,
+// so that plan stays (kept_plans), predicted with the costs learned, and is not put in force
+// again (adopted 0; before the margin applied to grids, it was).
+TEST(Executor, AGridReplanThatGainsNothingKeepsThePlan) {
+  Packed pk = packed("resnet18", {1, 3, 64, 64});
+  const std::string img = test_util::with_slow_last_layer(pk, "resnet18-slow-last-grid-kept");
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  const c10::IValue expected = reference(pk.m, x);
+  ExecutorOptions o;
+  o.budget = 2 * pk.info.data_size;
+  o.grid_step = default_grid_step(pk.info);
+  o.learn_after = 3;
+  auto ex = Executor::open(img, o);
+  const ExecutionPlan before = ex->plan();
+  ASSERT_GT(before.predicted_ms, 1e4);
+  int i = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);  // grids build at nice 19
+  for (; ex->learning().adopted + ex->learning().kept_plans == 0 && std::chrono::steady_clock::now() < give_up; ++i) {
+    EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal) << "inference " << i;
+    if (i >= 40) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const Executor::Learning l = ex->learning();
+  EXPECT_EQ(l.kept_plans, 1u) << i << " inferences, " << l.replans << " re-plans";
+  EXPECT_EQ(l.adopted, 0u) << "no plan put in force again";
+  EXPECT_EQ(ex->plan().blocks, before.blocks);
+  EXPECT_EQ(ex->plan().resident, before.resident);
+  EXPECT_LT(ex->plan().predicted_ms, 1e3) << "the plan in force predicted with the costs taken";
+  EXPECT_LT(ex->latency_curve().back().second, 1e3) << "the latency curve is the new grid's";
+  EXPECT_TRUE(compare_outputs(expected, ex->forward({x.clone()})).equal);
 }
 
 // Note [Learned costs kept]: what one executor learned is planned with by the next from its

@@ -1881,9 +1881,14 @@ constexpr std::size_t kLearnWindowMost = 256;  // inferences a window holds at m
 // predicted with the same costs, so their difference is not that noise, and it is usually the
 // model's underestimate. resnet101 at 60 MB with a host-speed profile under the same throttle
 // learned 402 MB/s with 11 % noise, and its best plan was predicted 6.2 % faster than the plan in
-// force; it measured 20 % faster (392 -> 314 ms). Only where the executor searches for its plan:
-// with a budget grid (a Runtime's) the grid is rebuilt with the costs and the runtime splits its
-// budget again, which moves the plans anyway.
+// force; it measured 20 % faster (392 -> 314 ms). With a budget grid (a Runtime's executors) the
+// same rule decides once the grid rebuilt with the costs is ready: its plan at the budget in force
+// against the plan in force. Either way the Runtime splits its budget again with the new curve
+// (Note [Splitting with learned costs] in runtime.cpp); a model whose budget that split leaves
+// as it was keeps its plan. In serve --learn 3 with resnet18 and mobilenet_v2 (70 % of their
+// bytes, 8 s, 7 interleaved rounds), mobilenet_v2 put 19 learned plans in force before and 0
+// after (17 kept), and served 1.047x the requests (resnet18 1.038x; medians of same-round
+// ratios; bench/results/learn_serve_grid_margin.jsonl).
 constexpr double kReplanGain = 0.02;
 
 // The mean of the middle half of `v` (sorted here): a quarter of the values set aside at each
@@ -2016,11 +2021,28 @@ void learn_costs(Executor::Impl& m, bool whole) {
     }
     m.grid = std::move(g);
     if (!m.released) {
+      // Note [A re-plan must gain], with the grid as without: the grid's plan at this budget is
+      // put in force only if predicted faster than the plan in force, with the same (learned)
+      // costs, by more than kReplanGain. Either way the Runtime sees the costs were taken
+      // (adopted or kept_plans) and splits its budget again with the new grid's curve.
+      const double in_force = finish_plan(m.info, m.sk, m.plan.blocks, m.plan.resident, layer_costs(m.info, m.opt),
+                                          m.opt.cost, effective_read_ahead(m.opt), m.opt.budget, m.plan.retain_block,
+                                          m.plan.retained_bytes, lend_for(m.info, m.opt))
+                                  .predicted_ms;
       try {
-        set_budget_locked(m, m.opt.budget);
-        m.learned.predicted_before_ms = m.grid_next_before_ms;
-        m.learned.predicted_after_ms = m.plan.predicted_ms;
-        ++m.learned.adopted;
+        double best = 0;
+        if (set_budget_locked(m, m.opt.budget, in_force * (1 - kReplanGain), &best)) {
+          m.learned.predicted_before_ms = m.grid_next_before_ms;
+          m.learned.predicted_after_ms = m.plan.predicted_ms;
+          ++m.learned.adopted;
+        } else {
+          m.plan.predicted_ms = in_force;
+          ++m.learned.kept_plans;
+          log(LogLevel::kInfo, m.path + ": the budget grid rebuilt with learned costs is in use; the plan stays, predicted " +
+                                   std::to_string(in_force) + " ms with them; the grid's plan at this budget " +
+                                   std::to_string(best) + " ms is not more than " +
+                                   std::to_string(static_cast<long long>(std::lround(100 * kReplanGain))) + " % faster");
+        }
       } catch (const std::exception& e) {
         log(LogLevel::kWarn, m.path + ": re-planning with learned costs failed, the plan stays: " + e.what());
       }
@@ -2192,7 +2214,6 @@ void learn_costs(Executor::Impl& m, bool whole) {
   what += std::string("): ") + (take_times && take_reads ? "both" : take_times ? "the layer times" : "the read rate") +
           " learned";
   const auto t0 = std::chrono::steady_clock::now();
-  const bool gridded = m.grid != nullptr;
   if (m.grid) {
     // The table is rebuilt off this thread; the plan in force runs until it is ready.
     const PartitionOptions po = partition_options(m.info, m.opt);
@@ -2231,14 +2252,13 @@ void learn_costs(Executor::Impl& m, bool whole) {
     return;
   }
   // Note [A re-plan must gain]: the plan in force, predicted with the costs just taken, stays
-  // unless the best plan with them is predicted faster by more than kReplanGain. Not for an
-  // executor whose grid could not be rebuilt above: its Runtime splits again only when a plan
-  // is put in force (Learning::adopted), and the costs it splits with have changed.
+  // unless the best plan with them is predicted faster by more than kReplanGain (also for an
+  // executor whose grid could not be rebuilt above: its Runtime splits again on a kept plan too).
   const double in_force = predicted(layer_costs(m.info, m.opt), m.opt.cost);
   double best = 0;
   bool adopted = false;
   try {
-    adopted = set_budget_locked(m, m.opt.budget, gridded ? 0 : in_force * (1 - kReplanGain), &best);
+    adopted = set_budget_locked(m, m.opt.budget, in_force * (1 - kReplanGain), &best);
   } catch (const std::exception& e) {
     // Cannot happen (the minimum budget does not depend on times); if it does, keep the plan
     // and the costs it was made with.

@@ -59,6 +59,11 @@ struct Request {
 // A central scheduler's answer to a job waiting for a worker.
 enum class Grant { kNone, kGo, kDrop };
 
+// How many times an executor took learned costs and its plan followed them: put a new plan in
+// force, or kept the one in force (Note [A re-plan must gain] in executor.cpp). Either way its
+// latency curve changed, and the split is made again with it (Note [Splitting with learned costs]).
+std::uint64_t learned_count(const Executor::Learning& l) { return l.adopted + l.kept_plans; }
+
 struct Worker {
   RuntimeModel spec;
   std::unique_ptr<Executor> exec;
@@ -78,7 +83,7 @@ struct Worker {
   Grant grant = Grant::kNone;
   DispatchCandidate cand;
   double read_priority = 0;  // on a shared disk (disk-aware schedulers)
-  std::uint64_t learned_seen = 0;                // Executor::Learning::adopted taken into the split
+  std::uint64_t learned_seen = 0;                // learned_count() taken into the split
   std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
   double ms_per_byte = 0;                        // the cost model's read time
   std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
@@ -460,7 +465,7 @@ struct Runtime::Impl {
         }
       }
       c10::IValue out = x.exec->finish();
-      adopted = x.exec->learning().adopted;  // outside the runtime's lock (the executor takes its own)
+      adopted = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
       const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
       // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
       // reserve] in executor.cpp), at once.
@@ -560,7 +565,8 @@ struct Runtime::Impl {
   // A model that learns its costs (ExecutorOptions::learn_after, Note [Learning the costs in
   // service] in executor.cpp) re-plans its own blocks within its budget; but the split between
   // models was made with the latency curves of its costs at open. Worker i, under `lk`, after an
-  // inference in which its executor put a learned plan in force: its demand (curve, full bytes,
+  // inference in which its executor took learned costs (a plan put in force with them, or the
+  // plan in force kept: Note [A re-plan must gain] in executor.cpp): its demand (curve, full bytes,
   // latency at full), the dispatcher's seeds (layer table, read time) are made again from the
   // learned costs, and the total is split again as a budget change would split it (an
   // adaptation noted "costs learned"; models move at block boundaries, shrinking ones shed). A
@@ -575,7 +581,7 @@ struct Runtime::Impl {
     std::vector<LayerCost> costs = layer_costs(x.exec->info(), x.spec.options);
     const double ms_per_byte = x.exec->cost().alpha_ms_per_byte;
     lk.lock();
-    x.learned_seen = l.adopted;
+    x.learned_seen = learned_count(l);
     x.costs = std::move(costs);
     x.ms_per_byte = ms_per_byte;
     x.estimate.clear();  // seeds of the old costs; measured blocks are measured again
