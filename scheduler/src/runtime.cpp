@@ -518,7 +518,18 @@ struct Runtime::Impl {
       r.done.set_exception(error);
     }
     lk.lock();
-    if (adopted != x.learned_seen) learned(i, lk);  // after the answer: the caller does not wait for it
+    if (adopted != x.learned_seen) {  // after the answer: the caller does not wait for it
+      try {
+        learned(i, lk);
+      } catch (const std::exception& e) {
+        // Making the curve again (an executor without a grid builds one here) failed: the split
+        // stays as it is, and this worker goes on serving.
+        if (!lk.owns_lock()) lk.lock();
+        x.learned_seen = adopted;
+        log(LogLevel::kWarn, x.spec.name + ": its costs were learned, but its latency curve could not be made again (" +
+                                 e.what() + "): the budget split stays");
+      }
+    }
   }
   void loop(size_t i) {
     Worker& x = *w[i];
