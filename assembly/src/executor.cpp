@@ -592,6 +592,8 @@ struct Executor::Impl {
   int rd_block = 0;      // the cursor: next block to consider
   int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
   bool rd_next = false;  // the cursor is in the next inference
+  // The cursor has come round to the inference after the next (Note [One inference ahead]).
+  bool rd_beyond = false;
 
   // The inference in progress.
   std::unique_ptr<Skeleton::Run> run;
@@ -934,10 +936,24 @@ struct Executor::Impl {
   }
 
   // ---- the reader's cursor ----
+  // Note [One inference ahead]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The cursor reads on into the next inference up to the block executing (`cur`). After the
+  // last block ran and before finish(), `cur` is the number of blocks, and the cursor went on
+  // past the next inference's last block into the one after, pushing those blocks too: held
+  // through a whole inference more than the zone's leases were looked up for (window_lease
+  // counts a block of the next inference as held until its own last layer). fcn_resnet101 at
+  // 246,413,715 bytes in serve (Runtime, the budget grid's plan of 170 blocks, most of them of
+  // 8-36 KiB) held the next-but-one inference's first blocks 13-19 MiB into its 32 MiB zone
+  // while its head's activations needed 14-26 MiB there: 15-20 activations per inference found
+  // no room and went outside the zone, 10 MB over the budget (over_budget in 8 of 15
+  // inferences). The cursor now stops where it comes round the second time; finish() makes
+  // that the next inference's first block.
   void advance() {
     rd_first = -1;
     if (++rd_block == static_cast<int>(plan.blocks.size())) {
       rd_block = 0;
+      if (rd_next) rd_beyond = true;
       rd_next = true;
     }
   }
@@ -963,7 +979,9 @@ struct Executor::Impl {
     if (streaming && !opt.read_past_streamed) return held("held: a block streams", rd_block);
     const int n = static_cast<int>(plan.blocks.size());
     for (int guard = 0; guard < 2 * n + 2; ++guard) {
-      if (rd_next && (!cross_inference || rd_block >= cur)) return held("held: an inference ahead", rd_block);
+      if (rd_beyond || (rd_next && (!cross_inference || rd_block >= cur))) {
+        return held("held: an inference ahead", rd_block);
+      }
       const int b = rd_block;
       const auto [bf, bl] = plan.blocks[b];
       const int first = rd_first >= 0 ? rd_first : bf;
@@ -1131,6 +1149,7 @@ struct Executor::Impl {
     rd_block = 0;
     rd_first = -1;
     rd_next = false;
+    rd_beyond = false;
   }
   // Note [Layer by layer]
   // ~~~~~~~~~~~~~~~~~~~~~
@@ -1630,6 +1649,7 @@ bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_
   }
   m.rd_block = m.cur == n ? 0 : m.cur;
   m.rd_next = m.cur == n;
+  m.rd_beyond = false;
   m.rd_first = m.cur == n ? -1 : m.first_needed(m.cur, k);
   if (m.rd_first == m.plan.blocks[m.rd_block].first) m.rd_first = -1;
   m.bind_loaded();
@@ -2537,7 +2557,8 @@ c10::IValue Executor::finish() {
   if (m.lends() && m.lease_whole) m.lease_known = true;
   // Reads ahead of this inference belong to the next one now.
   for (auto& f : m.fetches) f.next = false;
-  m.rd_next = false;
+  m.rd_next = m.rd_beyond;  // the cursor had come round to the inference after this one's next
+  m.rd_beyond = false;
   m.cur = 0;
   m.register_ring();
   m.pump();
