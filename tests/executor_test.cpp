@@ -1109,6 +1109,9 @@ TEST(Executor, TheCursorReadsOneInferenceAheadAtMost) {
       EXPECT_TRUE(compare_outputs(expected, ex->finish()).equal) << swapped.size() << " swapped, inference " << i;
       EXPECT_LE(ex->plan().total(), o.budget);
     }
+    // The activations' zone has room for more inferences' blocks than the next one's (without a
+    // zone the ring holds one inference's blocks, and the test would cover nothing).
+    EXPECT_GT(ex->pipeline_stats().zone_bytes, 2 * per_inference) << swapped.size() << " swapped";
   }
 }
 

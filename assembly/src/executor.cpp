@@ -2557,7 +2557,9 @@ c10::IValue Executor::finish() {
   if (m.lends() && m.lease_whole) m.lease_known = true;
   // Reads ahead of this inference belong to the next one now.
   for (auto& f : m.fetches) f.next = false;
-  m.rd_next = m.rd_beyond;  // the cursor had come round to the inference after this one's next
+  // The cursor at block 0 of the inference after the one that begins next (rd_beyond is set
+  // only where advance() wraps: rd_block 0, rd_first -1) is at block 0 of the next one now.
+  m.rd_next = m.rd_beyond;
   m.rd_beyond = false;
   m.cur = 0;
   m.register_ring();
