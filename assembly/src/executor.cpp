@@ -2027,6 +2027,13 @@ void store_learned(Executor::Impl& m) {
   ++m.learned.stored;
 }
 
+// The plan in force (its blocks, residency and kept part) predicted with costs `c` and `k`.
+static double in_force_ms(const Executor::Impl& m, const std::vector<LayerCost>& c, const CostModel& k) {
+  return finish_plan(m.info, m.sk, m.plan.blocks, m.plan.resident, c, k, effective_read_ahead(m.opt), m.opt.budget,
+                     m.plan.retain_block, m.plan.retained_bytes, lend_for(m.info, m.opt))
+      .predicted_ms;
+}
+
 void learn_costs(Executor::Impl& m, bool whole) {
   using Ms = std::chrono::duration<double, std::milli>;
   bool adopted_now = false;
@@ -2051,10 +2058,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
       bool put = false;
       std::string failed;
       try {
-        in_force = finish_plan(m.info, m.sk, m.plan.blocks, m.plan.resident, layer_costs(m.info, m.opt), m.opt.cost,
-                               effective_read_ahead(m.opt), m.opt.budget, m.plan.retain_block, m.plan.retained_bytes,
-                               lend_for(m.info, m.opt))
-                       .predicted_ms;
+        in_force = in_force_ms(m, layer_costs(m.info, m.opt), m.opt.cost);
         put = set_budget_locked(m, m.opt.budget, in_force * (1 - kReplanGain), &best);
       } catch (const std::exception& e) {
         failed = e.what();
@@ -2100,13 +2104,7 @@ void learn_costs(Executor::Impl& m, bool whole) {
   const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
   const bool times = m.opt.measured_exec;
   const double planned_rate = m.opt.cost.alpha_ms_per_byte > 0 ? 1e3 / m.opt.cost.alpha_ms_per_byte : 0;
-  const ReadAhead ra = effective_read_ahead(m.opt);
-  const std::uint64_t lend = lend_for(m.info, m.opt);
-  auto predicted = [&](const std::vector<LayerCost>& c, const CostModel& k) {
-    return finish_plan(m.info, m.sk, m.plan.blocks, m.plan.resident, c, k, ra, m.opt.budget, m.plan.retain_block,
-                       m.plan.retained_bytes, lend)
-        .predicted_ms;
-  };
+  auto predicted = [&](const std::vector<LayerCost>& c, const CostModel& k) { return in_force_ms(m, c, k); };
   // The disk's rate between two of the reader's counts: the sustained one, without the bursts a
   // throttle serves after idling (Note [A sustained read rate] in reader.cpp), where at least
   // `least` bytes of it were read; else all bytes over all busy time, where that many were (a

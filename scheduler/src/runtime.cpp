@@ -419,7 +419,7 @@ struct Runtime::Impl {
     bool ok = false, abandoned = false, dropped = false, met = false;
     c10::IValue result;
     std::exception_ptr error;
-    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0, adopted = x.learned_seen;
+    std::uint64_t over = 0, model_peak = 0, held = 0, act = 0, budget = 0, base = 0, learned_now = x.learned_seen;
     const bool central = dispatch != nullptr;
     try {
       x.exec->reset_weight_peak();
@@ -465,7 +465,7 @@ struct Runtime::Impl {
         }
       }
       c10::IValue out = x.exec->finish();
-      adopted = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
+      learned_now = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
       const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
       // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
       // reserve] in executor.cpp), at once.
@@ -518,14 +518,14 @@ struct Runtime::Impl {
       r.done.set_exception(error);
     }
     lk.lock();
-    if (adopted != x.learned_seen) {  // after the answer: the caller does not wait for it
+    if (learned_now != x.learned_seen) {  // after the answer: the caller does not wait for it
       try {
         learned(i, lk);
       } catch (const std::exception& e) {
         // Making the curve again (an executor without a grid builds one here) failed: the split
         // stays as it is, and this worker goes on serving.
         if (!lk.owns_lock()) lk.lock();
-        x.learned_seen = adopted;
+        x.learned_seen = learned_now;
         log(LogLevel::kWarn, x.spec.name + ": its costs were learned, but its latency curve could not be made again (" +
                                  e.what() + "): the budget split stays");
       }
