@@ -59,340 +59,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cost_learner.h"
 #include "cpu_meter.h"
+#include "planning.h"
+#include "zone_lender.h"
 #include "swapnet/assembly.h"
 
 namespace swapnet {
 using detail::AccountScope;
 using detail::cpu_account_refused;
 using detail::set_cpu_account_limit;
-
-// ---- planning -------------------------------------------------------------------------------
-
-std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o) {
-  std::vector<LayerCost> l;
-  for (const auto& L : info.layers) {
-    l.push_back(LayerCost{L.size, L.num_tensors, o.measured_exec ? L.time_ms : o.gamma_ms_per_flop * L.flops,
-                          L.live_bytes, L.peak_bytes});
-  }
-  return l;
-}
-
-namespace {
-
-// Slots read by some layer outside the block owning them, when that block is swapped (a
-// resident block's slots stay bound).
-std::uint64_t pinned_bytes(const ImageInfo& info, const Skeleton& sk, const std::vector<int>& block_of_layer,
-                           const std::vector<char>& resident, std::vector<int>* pinned) {
-  std::uint64_t bytes = 0;
-  for (size_t s = 0; s < sk.slots().size(); ++s) {
-    const SlotInfo& sl = sk.slots()[s];
-    if (resident[block_of_layer[sl.layer]]) continue;
-    bool outside = false;
-    for (int k : sl.used_by) outside |= block_of_layer[k] != block_of_layer[sl.layer];
-    if (outside) {
-      bytes += (info.tensors[s].nbytes + 63) / 64 * 64;
-      if (pinned) pinned->push_back(static_cast<int>(s));
-    }
-  }
-  return bytes;
-}
-
-std::vector<int> block_of_layer(const ImageInfo& info, const Blocks& blocks) {
-  std::vector<int> of(info.layers.size());
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    for (int k = blocks[b].first; k <= blocks[b].second; ++k) of[k] = static_cast<int>(b);
-  }
-  return of;
-}
-
-Blocks from_cuts(const ImageInfo& info, const std::vector<int>& cuts, const std::string& origin) {
-  Blocks blocks;
-  int first = 0;
-  const int L = static_cast<int>(info.layers.size());
-  for (int c : cuts) {
-    if (c <= first || c >= L) {
-      throw Error(origin + ": partition point " + std::to_string(c) + " must be increasing and within 1.." +
-                  std::to_string(L - 1));
-    }
-    blocks.emplace_back(first, c - 1);
-    first = c;
-  }
-  blocks.emplace_back(first, L - 1);
-  return blocks;
-}
-
-// One block is kept resident (read once), as before partitions had flags.
-std::vector<char> default_flags(const Blocks& blocks) { return std::vector<char>(blocks.size(), blocks.size() == 1); }
-
-// Layers on the CPU read their blocks into host memory, also where a GPU is usable (the GPU
-// never reads them; on the H100 such runs had lost the ring and the lent reserve). Only pinned
-// memory, asked for by name, stays.
-bool host_blocks(const ExecutorOptions& o) {
-  return o.device == ExecutorOptions::Device::kCPU && o.memory != MemoryKind::kRegistered;
-}
-
-// The pipeline an executor with these options runs: the deep ring is for host memory (the GPU
-// paths keep two blocks, Note [Swapping onto the GPU]).
-ReadAhead effective_read_ahead(const ExecutorOptions& o) {
-  if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
-  const bool host = host_blocks(o);
-  return host && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
-}
-
-// The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
-// pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
-// the largest consecutive pair for the two-block pipelines.
-ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
-                          const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
-                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0,
-                          std::uint64_t lend = 0) {
-  ExecutionPlan p;
-  for (const auto& [first, last] : blocks) {
-    std::uint64_t bytes = 0;
-    for (int k = first; k <= last; ++k) bytes += info.layers[k].size;
-    p.block_bytes.push_back(bytes);
-  }
-  Partition part;
-  part.blocks = blocks;
-  part.resident = resident;
-  part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
-  part.lend_bytes = ra == ReadAhead::kRing ? lend : 0;  // Note [Lending the activation reserve]
-  // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
-  // whole pages, and never all of it.
-  if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
-      !resident[retain_block]) {
-    const std::uint64_t bytes = p.block_bytes[retain_block];
-    retained = std::min(retained / kImageAlign * kImageAlign, bytes > kImageAlign ? bytes - kImageAlign : 0);
-    if (retained > 0) {
-      part.retain_block = retain_block;
-      part.retained_bytes = retained;
-    }
-  }
-  evaluate(costs, m, &part);
-  p.blocks = std::move(blocks);
-  p.resident = std::move(resident);
-  p.read_ahead = ra;
-  p.pair_bytes = part.arena_bytes;
-  p.resident_bytes = part.resident_bytes;
-  p.read_bytes = part.read_bytes;
-  p.retain_block = part.retain_block;
-  p.retained_bytes = part.retained_bytes;
-  p.activation_bytes = info.activation_bytes;
-  p.pinned_bytes = pinned_bytes(info, sk, block_of_layer(info, p.blocks), p.resident, nullptr);
-  // The deep ring needs only the largest block (Note [A ring of one block]; of a block kept in
-  // part, the rest); two ends a pair.
-  std::uint64_t ring = ra == ReadAhead::kRing ? part.block_max : p.pair_bytes;
-  const std::uint64_t fixed = p.activation_bytes + p.pinned_bytes + p.resident_bytes + p.retained_bytes;
-  if (ra == ReadAhead::kRing && p.read_bytes > 0 && budget > fixed) {
-    // Whole pages: the ring is mapped in pages, and what it maps is what it holds.
-    ring = std::max(ring, std::min(p.read_bytes, (budget - fixed) / kImageAlign * kImageAlign));
-  }
-  p.arena_bytes = p.read_bytes == 0 ? 0 : ring;
-  if (ra != ReadAhead::kPaper && p.read_bytes > 0) {
-    part.ring_bytes = std::max<std::uint64_t>(ring, 1);
-    evaluate(costs, m, &part);
-    if (ra == ReadAhead::kRing && prefer_two_ended(costs, m, &part)) p.read_ahead = ReadAhead::kTwoEnded;
-  }
-  p.predicted_ms = part.predicted_ms;
-  return p;
-}
-
-// The deep ring needs the largest layer (Note [A ring of one block]), the two-block pipelines the
-// largest adjacent pair.
-std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra) {
-  const int L = static_cast<int>(info.layers.size());
-  if (L == 0) return info.activation_bytes;
-  const std::vector<LayerCost> costs = layer_costs(info, ExecutorOptions{});
-  Blocks finest;
-  for (int k = 0; k < L; ++k) finest.emplace_back(k, k);
-  const CostModel m;
-  ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m,
-                                ra == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kPaper, 0);
-  // The finest partition minimises the largest adjacent pair; one block may still be smaller
-  // (a one- or two-layer model).
-  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m, ReadAhead::kPaper, 0);
-  return std::min(p.total(), one.total());
-}
-
-// The partitioner plans the ring and the resident blocks; the rest of the budget holds
-// activations and pinned shared weights, reserved at the finest partition's pinned bytes (an
-// upper bound: coarser blocks and resident blocks pin fewer).
-std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o) {
-  Blocks finest;
-  for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
-  std::vector<char> none(finest.size(), 0);
-  ExecutionPlan p = finish_plan(info, sk, std::move(finest), std::move(none), layer_costs(info, o), o.cost,
-                                ReadAhead::kPaper, 0);
-  return p.activation_bytes + p.pinned_bytes;
-}
-
-// The activation reserve the deep ring is lent where activations leave it (Note [Lending the
-// activation reserve]): what adopt() gives the ring as its zone (but for the CPU meter being
-// outranked by a host program's allocator, found only then).
-std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
-  return o.lend && host_blocks(o) && effective_read_ahead(o) == ReadAhead::kRing &&
-                 info.activation_bytes >= (1u << 20) && info.version >= kImageZoneReserveVersion
-             ? info.activation_bytes
-             : 0;
-}
-
-// What the partitioner (search and budget grid) is told of these options.
-PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o) {
-  PartitionOptions po;
-  po.residency = o.residency;
-  po.read_ahead = effective_read_ahead(o);
-  po.lend = lend_for(info, o);
-  return po;
-}
-
-ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
-  const ReadAhead ra = effective_read_ahead(o);
-  const std::uint64_t lend = lend_for(info, o);
-  const std::uint64_t minimum = min_budget_for(info, sk, ra);
-  auto too_small = [&](const std::string& what) {
-    return Error(origin + ": budget " + std::to_string(o.budget) + " bytes (" + format_bytes(o.budget) + ") " + what +
-                 "; the minimum for this model is " + std::to_string(minimum) + " bytes (" + format_bytes(minimum) +
-                 (ra == ReadAhead::kRing ? ": the largest layer + " : ": the two largest adjacent layers + ") +
-                 format_bytes(info.activation_bytes) + " of activations)");
-  };
-  if (info.layers.empty()) throw Error(origin + ": the image has no layers");
-  const int L = static_cast<int>(info.layers.size());
-  const std::vector<LayerCost> costs = layer_costs(info, o);
-  auto done = [&](ExecutionPlan p) {
-    p.min_budget = minimum;
-    return p;
-  };
-  if (!o.partition.empty() || o.blocks > 0) {
-    Blocks blocks = o.partition.empty() ? equal_bytes_blocks(costs, o.blocks) : from_cuts(info, o.partition, origin);
-    std::vector<char> flags = o.resident.empty() ? default_flags(blocks) : std::vector<char>(blocks.size(), 0);
-    for (int r : o.resident) {
-      if (r < 0 || r >= static_cast<int>(blocks.size())) {
-        throw Error(origin + ": resident block " + std::to_string(r) + " is not one of the partition's blocks 0.." +
-                    std::to_string(blocks.size() - 1));
-      }
-      flags[r] = 1;
-    }
-    if (o.retain_block >= 0 && (o.retain_block >= static_cast<int>(blocks.size()) || flags[o.retain_block])) {
-      throw Error(origin + ": block " + std::to_string(o.retain_block) + " to keep in part is not one of the " +
-                  "partition's swapped blocks (0.." + std::to_string(blocks.size() - 1) + ")");
-    }
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget,
-                                  o.retain_block, o.retained_bytes, lend);
-    if (p.total() > o.budget) {
-      throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
-                      format_bytes(p.total()) + ")");
-    }
-    return done(std::move(p));
-  }
-  if (o.budget < minimum) throw too_small("is below the minimum");
-  if (o.planner == ExecutorOptions::Planner::kOptimal) {
-    const std::uint64_t reserve = planning_reserve(info, sk, o);
-    if (o.budget > reserve) {
-      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, partition_options(info, o));
-      if (best.feasible) {
-        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
-                                      best.retain_block, best.retained_bytes, lend);
-        if (p.total() <= o.budget) return done(std::move(p));
-      }
-    }
-    // Near the minimum the reserve is too coarse: fall through to equal bytes, which is exact.
-  }
-  // The fewest equal-byte blocks whose adjacent pairs fit: fewer blocks, fewer boundaries.
-  for (int n = 1; n <= L; ++n) {
-    Blocks blocks = equal_bytes_blocks(costs, n);
-    std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0, lend);
-    if (p.total() <= o.budget) return done(std::move(p));
-  }
-  // n = L is the finest partition, which fits any budget >= minimum.
-  throw Error(origin + ": internal: no partition fits " + std::to_string(o.budget) + " bytes above the minimum");
-}
-
-}  // namespace
-
-std::uint64_t default_grid_step(const ImageInfo& info) {
-  return std::max<std::uint64_t>(1u << 20, info.data_size / 64);
-}
-
-std::uint64_t min_budget(const ImageInfo& info, const ExecutorOptions& options) {
-  return min_budget_for(info, Skeleton::from_image(info, info.source), effective_read_ahead(options));
-}
-
-std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) {
-  return planning_reserve(info, Skeleton::from_image(info, info.source), o);
-}
-
-std::uint64_t min_read_bytes(const ImageInfo& info, const ExecutorOptions& options) {
-  return min_read_bytes(layer_costs(info, options),
-                        options.budget > info.activation_bytes ? options.budget - info.activation_bytes : 0,
-                        effective_read_ahead(options) != ReadAhead::kRing);
-}
-
-ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
-  ExecutionPlan p = plan_for(info, Skeleton::from_image(info, info.source), options, info.source);
-  p.min_read_bytes = min_read_bytes(info, options);
-  return p;
-}
-
-// ---- the executor -------------------------------------------------------------------------
-
-namespace {
-
-// `value` looked up in `choices` (text, value), or Error("NAME 'VALUE' is not one of a|b|c").
-template <typename T>
-T choose(const std::string& name, const std::string& value, std::initializer_list<std::pair<const char*, T>> choices) {
-  std::string all;
-  for (const auto& [text, v] : choices) {
-    if (value == text) return v;
-    all += (all.empty() ? "" : "|") + std::string(text);
-  }
-  throw Error(name + " '" + value + "' is not one of " + all);
-}
-
-}  // namespace
-
-void set_executor_option(ExecutorOptions* o, const std::string& name, const std::string& value) {
-  std::string key = name.substr(name.find_first_not_of('-') == std::string::npos ? name.size() : name.find_first_not_of('-'));
-  std::replace(key.begin(), key.end(), '-', '_');
-  using Planner = ExecutorOptions::Planner;
-  using Verify = ExecutorOptions::Verify;
-  using Device = ExecutorOptions::Device;
-  if (key == "plan") {
-    o->planner = choose<Planner>(name, value, {{"auto", Planner::kOptimal}, {"optimal", Planner::kOptimal},
-                                               {"equal", Planner::kEqual}});
-    if (o->planner == Planner::kOptimal) o->residency = value == "auto";
-  } else if (key == "read_ahead") {
-    // ring-whole: the ring without streaming (Note [Streaming into the ring]); ring-blocks:
-    // without layer-by-layer pipelining (Note [Layer by layer]); for comparison.
-    // ring-reserved: without lending the activation reserve (Note [Lending the activation reserve]).
-    // ring-serial: nothing read after a streamed block until it is whole (Note [Streaming into
-    // the ring]).
-    o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
-                                                    {"ring-blocks", ReadAhead::kRing}, {"ring-reserved", ReadAhead::kRing},
-                                                    {"ring-serial", ReadAhead::kRing},
-                                                    {"paper", ReadAhead::kPaper}});
-    o->stream = value != "ring-whole";
-    o->layer_by_layer = value == "ring" || value == "ring-reserved" || value == "ring-serial";
-    o->lend = value == "ring" || value == "ring-serial";
-    o->read_past_streamed = value != "ring-serial";
-  } else if (key == "verify") {
-    o->verify = choose<Verify>(name, value, {{"first", Verify::kFirst}, {"always", Verify::kAlways},
-                                             {"never", Verify::kNever}});
-  } else if (key == "device") {
-    o->device = choose<Device>(name, value, {{"cpu", Device::kCPU}, {"cuda", Device::kCUDA}});
-  } else {
-    throw Error("unknown executor option '" + name + "' (plan, read-ahead, verify, device)");
-  }
-}
-
-void require_cuda(const std::string& origin) {
-  if (!at::hasCUDA()) {
-    throw Error(origin + ": --device cuda: this libtorch has no CUDA support (a CPU-only build); swapnet must be "
-                         "built against a CUDA libtorch (scripts/gpu-check.sh shows how)");
-  }
-  if (!cuda_device().usable) throw Error(origin + ": --device cuda: no usable CUDA device: " + cuda_device().reason);
-}
 
 // Note [Read-ahead ring]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -604,58 +280,17 @@ struct Executor::Impl {
   // cur_fetch.pieces[0, cur_waited) have landed and been waited for; the rest are waited for
   // layer by layer (Note [Layer by layer]).
   std::size_t cur_waited = 0;
-  // Note [Lending the activation reserve]: the account whose region is the ring's zone, the
-  // zone's id there (0: none attached), and per layer the zone bytes (from its end) activations
-  // reached while it ran (`lease`, known once one whole inference measured it in a zone of
-  // `lease_zone` bytes; it only grows after that).
-  int zone_account = 0;
-  std::uint64_t zone_id = 0;
-  const BlockRing* zone_ring = nullptr;  // the ring whose zone was attached last
+  // Note [Lending the activation reserve] (zone_lender.cpp).
+  ZoneLender lender;
   bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
-  // The inference's input tensors outside the zone: the reserve counts them (measured with the
-  // inputs), so the zone lends that much less.
-  std::uint64_t inputs_outside = 0;
-  std::vector<std::uint64_t> lease;
-  bool lease_known = false;
-  bool lease_whole = false;  // this inference ran in one zone from its first layer
-  std::uint64_t lease_zone = 0;
-  std::uint64_t zone_misses_seen = 0;  // the zone's misses at the last look
-  std::uint64_t lent_peak = 0;     // most ring bytes lent to blocks at once, since open
-  std::uint64_t zone_misses = 0;   // activations that found no room above the lent bytes, since open
-  std::uint64_t zone_peak = 0;     // most zone bytes in use at once (activations + lent), since open
-  std::uint64_t outputs_copied = 0;  // output bytes copied out of the zone, since open
-  // The bytes the last inference's outputs were copied out of the zone in (finish()): while
-  // copied, the last layer's chunks and the copies are live at once, so the last layer's lease
-  // counts them; and the copies the caller then holds count as its inputs do until the next
-  // begin() (Note [Lending the activation reserve]).
-  std::uint64_t output_lease = 0;
   // Note [Layer by layer] counters, since open.
   double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
-  // Note [Learning the costs in service]: this inference's layer times (NaN: not run), the
-  // window's, the reader's sustained bytes and seconds when the window began and after each of
-  // its inferences, a grid being rebuilt for learned costs, and what was learned.
-  std::vector<double> layer_ms_now;
-  std::deque<std::vector<double>> learn_window;
-  // The reader's counts at each inference of the window: sustained (Note [A sustained read rate]
-  // in reader.cpp), all bytes over all busy time, and when.
-  struct IoCount {
-    BlockReader::Sustained sustained;
-    BlockReader::Sustained all;
-    std::chrono::steady_clock::time_point at;  // when they were taken
-  };
-  static IoCount io_count(const BlockReader& r) {
-    return {r.sustained(), {r.bytes_read(), r.busy_seconds()}, std::chrono::steady_clock::now()};
-  }
-  std::deque<IoCount> learn_io;
-  std::deque<double> learn_pred;  // the plan in force predicted with each inference's own costs
+  // Note [Learning the costs in service] (cost_learner.cpp): what each inference cost, and the
+  // grid being rebuilt for costs learned (Note [A re-plan must gain]).
+  std::optional<CostLearner> learner;
   std::future<std::unique_ptr<PartitionTable>> grid_next;
   double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
-  std::uint64_t grid_epoch = 0;    // grid_builds_epoch() when this inference began
-  double learn_gate = 0;           // the plan error that re-plans now (0: learn_threshold)
-  Executor::Learning learned;
-  bool times_learned = false;  // the layer times / read rate in force were learned (here or loaded)
-  bool rate_learned = false;
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
   std::uint64_t read_past_streamed = 0;  // blocks pushed while a streamed one waited
@@ -714,153 +349,23 @@ struct Executor::Impl {
   void note_in_use() {
     if (!ring && !kept) return;
     weight_peak = std::max(weight_peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
-    if (ring) lent_peak = std::max(lent_peak, ring->lent_bytes());
+    lender.note_lent(ring.get());
     trace_memory();
   }
 
-  // Note [Lending the activation reserve]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A plan reserves the activations' peak for the whole inference, yet most layers use little of
-  // it: yolov3 reaches 57 MiB in its first layers and at most 27 MiB from layer 9 on, where its
-  // 18 MiB convolutions are; vgg19 reaches 39 MiB in its first convolutions and under 1 MiB in its
-  // fully connected layers. The partitioner's any-schedule bound (memory_bound_ms) lets weights
-  // use what activations leave; with a constant reserve the ring read one 18 MiB layer at a time
-  // there. On host memory the reserve is therefore the ring's *zone* (BlockRing `lend`, Note
-  // [Lending the activation reserve] in ring.cpp), one set of pages shared two ways:
-  //  - activations: the executor runs each inference under a CPU-meter account (the thread's, or
-  //    its own) whose region is the zone (detail::set_cpu_account_zone): libtorch's allocations
-  //    of >= 128 KiB are placed there from the top down, best fit;
-  //  - blocks: pump() pushes a block (or streams one, ending in the zone) only below a limit: the
-  //    zone bytes below what activations hold now (the lowest live chunk, the account's other
-  //    allocations, chunks left in a zone retired mid-inference, the inputs) and below what
-  //    they may reach while the block is held -- `lease`, per layer, from the next layer to the
-  //    block's last (across the inference boundary for the next inference's blocks). The limit
-  //    grows as layers end, so pump() runs after every layer, not only at block boundaries:
-  //    yolov3 at 83 MB kept its first 26 layers resident in one block, and the next swapped
-  //    block, held back by layer 2's 54 MB lease, waited for layer 25 where it could have been
-  //    read from layer 3 on (the disk idled 71 ms per inference at 400 MB/s; PipelineStats::
-  //    read_at_layer_end counts the reads this starts).
-  // Safety does not rest on the leases: the zone never places a chunk below its `floor`, the end
-  // of the highest block held (sync_zone, after every pump and before every layer), and a block
-  // never goes below what is live. An activation that finds no room goes to libtorch's
-  // allocator (counted: zone_misses) and the layer's lease becomes the whole zone. So a wrong
-  // lease costs memory or lending, never a byte of either.
-  // The leases are measured, not predicted: every layer's reach (the lowest chunk while it ran,
-  // plus the account's other bytes at their peak) is taken after it; one whole inference in a
-  // zone of this size makes them known (nothing is lent before), and after that they only grow.
-  // Chunks are placed where the same layer's went before (`prefer`), so the same shapes land
-  // in the same bytes every inference. Outputs leave the zone before finish() returns (copied:
-  // a caller keeping them would hold bytes the next inference plans to use). Not on the GPU,
-  // not while measuring a new input's activations (Note [Dynamic shapes]), and not where a host
-  // program's allocator outranks the meter (detail::cpu_meter_active). The zone's bytes count
-  // as activations: weight_memory() and the ring's accounting leave lent blocks out, and
-  // cpu_meter().peak_with_lent counts them with the activations they were lent by.
-  // The planner plans with it (lend_for, PartitionOptions::lend): its simulation lends by each
-  // layer's activation peak measured at pack, where the executor goes by what it measures.
-  bool lends() const { return zone_id != 0 && ring && ring->lend() > 0; }
-  // Makes the ring's zone the region of `zone_account` (when it is not already).
-  // A ring's zone is attached once: after it was detached (another account, a cache turned off
-  // from outside) chunks of the region before may still live there, where a new region would
-  // place over them; that ring lends nothing more (the next plan's ring does).
-  void attach_zone() {
-    if (!ring || ring->lend() == 0 || zone_account == 0 || measuring) return;
-    if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) return;
-    if (zone_ring == ring.get()) {
-      zone_id = 0;
-      return;
-    }
-    zone_ring = ring.get();
-    zone_id = detail::set_cpu_account_zone(zone_account, ring->zone_begin(), ring->lend(), ring->memory());
-    zone_misses_seen = 0;
-    lease_whole = false;
-    if (lease_zone != ring->lend()) {
-      lease.assign(info.layers.size(), ring->lend());
-      lease_known = false;
-      lease_zone = ring->lend();
-    }
-    sync_zone(run ? run->next_layer() : 0);
-  }
+  // Makes the ring's zone the region of the lender's account (Note [Lending the activation
+  // reserve] in zone_lender.cpp).
+  void attach_zone() { lender.attach(ring.get(), measuring.has_value(), run ? run->next_layer() : 0); }
   // The ring goes (a new plan, or release): the zone's holes and the ring's pages go back now;
   // activations of the inference in progress may live in the zone, and its live chunks keep
   // their pages until the last is freed.
   void drop_ring() {
-    if (ring && ring->lend() > 0) {
-      if (lends()) detail::cpu_zone_give_back(zone_account, zone_id);
-      ring->discard_except({{ring->zone_begin(), ring->lend()}});
-    }
-    detach_zone();
+    lender.drop(ring.get());
     ring.reset();
-    zone_ring = nullptr;
   }
-  // The zone stops being the account's region (its live chunks keep its pages until freed).
-  void detach_zone() {
-    if (zone_id != 0 && detail::cpu_zone_use(zone_account, zone_id, false).attached) {
-      set_cpu_account_cache(zone_account, 0);
-    }
-    zone_id = 0;
-  }
-  std::uint64_t max_lease(int a, int b) const {
-    std::uint64_t v = 0;
-    const int last = static_cast<int>(lease.size()) - 1;
-    for (int k = std::max(a, 0); k <= b && k <= last; ++k) v = std::max(v, lease[k] + (k == last ? output_lease : 0));
-    return v;
-  }
-  // The zone bytes activations may reach while fetch `f` is held: from the next layer to its
-  // last (over the inference boundary for a block of the next inference).
-  std::uint64_t window_lease(const Fetch& f) const {
-    if (!lease_known) return ring->lend();
-    const int L = static_cast<int>(info.layers.size());
-    if (!run) return max_lease(0, f.last);
-    // After the last layer and before finish() the last layer's lease holds (its outputs are
-    // copied out of the zone there: output_lease).
-    const int now = std::min(run->next_layer(), L - 1);
-    if (f.next) return std::max(max_lease(now, L - 1), max_lease(0, f.last));
-    return max_lease(now, f.last);
-  }
-  // Where a block of fetch `f` may end, as an offset from the ring's base: the ring's capacity,
-  // and the zone's bytes that no activation holds now or may reach while `f` is held.
+  // Where a block of fetch `f` may end, as an offset from the ring's base.
   std::uint64_t ring_limit(const Fetch& f) const {
-    if (!lends()) return ring->capacity();
-    const detail::ZoneUse u = detail::cpu_zone_use(zone_account, zone_id, false);
-    if (!u.attached) return ring->capacity();
-    const std::uint64_t z = ring->lend();
-    // What activations hold now (in the zone, outside it, in zones retired mid-inference), or may
-    // reach while `f` is held.
-    const std::uint64_t need = std::max(u.extent + u.unzoned + u.retired_live, window_lease(f)) + inputs_outside;
-    return ring->capacity() + (need >= z ? 0 : (z - need) / 4096 * 4096);
-  }
-  // Tells the zone where blocks end (nothing is placed below) and where layer k's activations
-  // went before (placed there first).
-  void sync_zone(int k) {
-    if (!lends()) return;
-    const std::uint64_t cap = ring->capacity(), z = ring->lend();
-    const std::uint64_t end = ring->held_end();
-    const std::uint64_t floor = end > cap ? end - cap : 0;
-    std::uint64_t prefer = floor;
-    if (lease_known && k >= 0 && k < static_cast<int>(lease.size())) prefer = std::max(floor, z - std::min(z, lease[k]));
-    detail::set_cpu_zone(zone_account, zone_id, floor, prefer, ring->lent_bytes());
-  }
-  // After layer k ran: how far its activations reached, and whether any found no room.
-  void measure_lease(int k) {
-    if (!lends()) return;
-    const detail::ZoneUse u = detail::cpu_zone_use(zone_account, zone_id, true);
-    if (!u.attached) return;
-    zone_peak = std::max(zone_peak, u.peak);
-    std::uint64_t reached = u.low_extent + u.unzoned_peak;  // the account's others share the reserve
-    if (u.misses > zone_misses_seen) {  // never lend around this layer again
-      log(LogLevel::kDebug, path + ": layer " + std::to_string(k) + ": " + std::to_string(u.misses - zone_misses_seen) +
-                                " activations found no room in the zone (reached " + format_bytes(u.low_extent) +
-                                " of " + format_bytes(ring->lend()) + ", lent " + format_bytes(ring->lent_bytes()) +
-                                (lease_known ? "" : ", measuring") + ")");
-      zone_misses += u.misses - zone_misses_seen;
-      zone_misses_seen = u.misses;
-      reached = ring->lend();
-    }
-    if (tracing()) trace_counter(tgroup, "activations reached", static_cast<std::int64_t>(reached));
-    if (k >= 0 && k < static_cast<int>(lease.size())) {
-      // Until known, `lease` holds this inference's measurement (started at 0 in begin()).
-      lease[k] = std::max(lease[k], reached);
-    }
+    return lender.ring_limit(*ring, run ? run->next_layer() : -1, f.last, f.next);
   }
   // The first layer a read of block b from layer k must start at: the lowest layer in the block
   // that owns a weight read by layers k.. of it (weights shared within a block are not pinned).
@@ -892,7 +397,8 @@ struct Executor::Impl {
     return page;
   }
 
-  Impl(std::string p, ImageInfo i, Skeleton s) : path(std::move(p)), info(std::move(i)), sk(std::move(s)) {}
+  Impl(std::string p, ImageInfo i, Skeleton s)
+      : path(std::move(p)), info(std::move(i)), sk(std::move(s)), lender(path, info.layers.size()) {}
   ~Impl() {
     try {
       drain();
@@ -900,7 +406,7 @@ struct Executor::Impl {
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
     run.reset();  // its activations go back to their account first
-    detach_zone();
+    lender.detach();
     ring.reset();
     if (own_account != 0) detail::release_cpu_account(own_account);  // when nothing is charged to it
     free_aligned(pinned_buf);
@@ -963,10 +469,10 @@ struct Executor::Impl {
     try {
       pump_reads(may_wait);
     } catch (...) {
-      sync_zone(run ? run->next_layer() : 0);
+      lender.sync(run ? run->next_layer() : 0);
       throw;
     }
-    sync_zone(run ? run->next_layer() : 0);  // the zone's floor follows the blocks held
+    lender.sync(run ? run->next_layer() : 0);  // the zone's floor follows the blocks held
   }
   void pump_reads(bool may_wait) {
     if (released || shed_pending || plan.blocks.empty()) return;
@@ -1310,15 +816,31 @@ c10::IValue evict_from(const c10::IValue& v, const char* lo, const char* hi, std
   return v;
 }
 }  // namespace
-// Executor::set_budget with `m.mu` held.
+// Note [One re-plan path]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Every change of the plan in force goes through replan(), with `m.mu` held, and says why: a
+// budget move (set_budget, also mid-inference), the budget in force again after shed() (step),
+// a new activation reserve (InputMeter's measuring, begun or ended), or costs learned (the
+// CostLearner's decision, or a budget grid rebuilt with them). Components return what they
+// found (a reserve, costs) and never plan themselves; the path from a budget to the ring is
+// replan() -> planning (grid or search) -> adopt() -> the cursor.
+enum class Replan { kBudget, kShed, kReserve, kLearned };
+const char* replan_reason(Replan why) {
+  switch (why) {
+    case Replan::kBudget: return "budget";
+    case Replan::kShed: return "after shedding";
+    case Replan::kReserve: return "activation reserve";
+    case Replan::kLearned: return "learned costs";
+  }
+  return "?";
+}
 // Plans for `bytes` and puts the plan in force. With `must_beat_ms` > 0, only a plan predicted
 // under that is put in force (Note [A re-plan must gain]); false when it was not. (While a new
 // input's activations are measured it is ignored: learning never re-plans then.)
-bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_ms = 0, double* best_ms = nullptr);
+bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat_ms = 0, double* best_ms = nullptr);
 void learn_costs(Executor::Impl& m, bool whole);
 void load_learned(Executor::Impl& m);
 void store_learned(Executor::Impl& m);
-std::uint64_t grid_builds_epoch();
 
 std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
   ImageInfo info;
@@ -1380,11 +902,15 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
                 std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
                 "inference aside");
   }
+  m.learner.emplace(CostLearner::Config{options.learn_after, options.learn_window_ms, options.learn_threshold,
+                                       options.measured_exec},
+                    m.info.layers.size());
   load_learned(m);
   ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
   ReaderOptions ro = options.reader;
   if (tracing()) {  // Note [Tracing]: a group of its own, shared with its reader
     m.tgroup = trace_group(image.substr(image.find_last_of('/') + 1));
+    m.lender.set_trace_group(m.tgroup);
     ro.trace_group = m.tgroup;
   }
   BlockReader::open(image, ro, &m.reader).throw_if_error();
@@ -1406,7 +932,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
   }
   m.verified.assign(m.info.layers.size(), false);
-  m.learn_io.push_back(m.io_count(*m.reader));
+  m.learner->restart(CostLearner::io_count(*m.reader));
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
     m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
@@ -1566,11 +1092,11 @@ void give_heap_back(const std::string& path) {
 void Executor::set_budget(std::uint64_t bytes) {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
   const std::uint64_t before = impl_->released ? 0 : impl_->plan.total();
-  set_budget_locked(*impl_, bytes);
+  replan(*impl_, Replan::kBudget, bytes);
   if (impl_->plan.total() < before) give_heap_back(impl_->path);
 }
 
-bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_ms, double* best_ms) {
+bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat_ms, double* best_ms) {
   trace_instant(m.tgroup, TraceLane::kControl, "budget", -1, "bytes", static_cast<std::int64_t>(bytes));
   const auto t_plan = std::chrono::steady_clock::now();
   if (m.measuring) {
@@ -1591,7 +1117,7 @@ bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_
     m.info.activation_bytes = allowance;
     m.measuring.reset();  // plan as for any reserve
     try {
-      (void)set_budget_locked(m, bytes);
+      (void)replan(m, why, bytes);
     } catch (...) {
       m.grid_reserve = m.grid_reserve - allowance + before;
       m.info.activation_bytes = before;
@@ -1627,7 +1153,7 @@ bool set_budget_locked(Executor::Impl& m, std::uint64_t bytes, double must_beat_
   log(LogLevel::kDebug, m.path + ": planned " + format_bytes(bytes) + " in " +
                             std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                                      t_plan).count()) +
-                            " ms (" + (m.grid ? "budget grid" : "search") + ")");
+                            " ms (" + (m.grid ? "budget grid" : "search") + ", " + replan_reason(why) + ")");
   m.opt = o;
   const bool running = m.run != nullptr;
   const int k = running ? m.run->next_layer() : 0;
@@ -1676,7 +1202,7 @@ void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
   m.grid_reserve = m.grid_reserve - before + bytes;
   m.info.activation_bytes = bytes;
   try {
-    set_budget_locked(m, m.opt.budget);
+    replan(m, Replan::kReserve, m.opt.budget);
   } catch (...) {
     m.grid_reserve = m.grid_reserve - bytes + before;
     m.info.activation_bytes = before;
@@ -1719,7 +1245,7 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
   ms.reserve = m.info.activation_bytes;
   {
     // No zone while measuring: the allowance is all the budget leaves, past it the account refuses.
-    m.detach_zone();
+    m.lender.detach();
     m.lend_off = true;
     struct On {
       bool& b;
@@ -1787,105 +1313,6 @@ std::vector<InputProfile> Executor::input_profiles() const {
   return impl_->profiles;
 }
 
-// Note [Learning the costs in service]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Plans are only as good as the layer times and the read rate they are made with: the image's
-// times were measured once, when it was packed (on the packing machine, in whatever else it was
-// doing then: a few busy seconds of this VM made vgg19's first layers 2-5x their time), and the
-// read rate is the device profile's (measured on another day, or on a disk other than the one
-// the image is on: a host-speed profile on a 400 MB/s disk made resnet101's plan predict 105 ms
-// for 382). So every inference on the CPU times each layer from the moment its bytes have
-// landed (what the pipeline really costs: the reads' own interference with the compute is in
-// it) and the reader counts its bytes and the time the disk had them (past the bursts a
-// throttle serves after idling: Note [A sustained read rate] in reader.cpp). Every `learn_after`
-// inferences and learn_window_ms (a sliding window), the plan in force is predicted with the
-// mean of the middle half of each layer's times and the window's read rate (Note [Noise in the
-// window]); when that is more than `learn_threshold` off its prediction with the costs it was
-// planned with, and more than twice the window's own noise, they replace those. The criterion is the
-// plan's time, not each cost: three timings of a 0.2 ms layer differ by 30 % and mean nothing
-// (resnet101's layer times summed |measured - planned| to 15-32 % of their sum between two
-// windows on a quiet machine, with sums 83 and 88 ms), nor does a read rate where the plan
-// computes far longer than it reads. Then the rest of the executor's life is planned with them: a re-plan at the same budget, between two inferences (nothing is
-// read twice but what was read ahead for the next inference), or, with a budget grid, a new
-// grid built on a thread of its own and adopted at the first inference boundary after it is
-// done (seconds for a large model: the inferences do not wait for it). The window then starts
-// again, so one more re-plan takes learn_after more inferences and another change as large.
-// The read rate needs 4 MiB read in the window (a plan that keeps everything resident reads
-// nothing: its rate stays). Outputs are the same under any plan; only the blocks change.
-namespace {
-// Budget grids being built for learned costs in this process, and a count of their starts and
-// ends: an inference that overlapped one ran on fewer cores than its plan will (Note [Learning
-// the costs in service]).
-std::atomic<int> g_grid_builds{0};
-std::atomic<std::uint64_t> g_grid_epoch{0};
-}  // namespace
-std::uint64_t grid_builds_epoch() { return g_grid_epoch.load(); }
-
-// Note [Learned costs kept]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What an executor learns (Note [Learning the costs in service]) would otherwise die with it: a
-// robot's program that starts again plans with the packing machine's layer times and the
-// profile's read rate, and takes learn_after inferences and a re-plan (with a grid, a rebuild)
-// to learn them again. With ExecutorOptions::learn_store, each time learned costs are taken they
-// are written (whole, to a temporary file renamed over the old) as
-//   {"swapnet_learned": 1, "fingerprint": F, "layers": L, "threads": T,
-//    "layer_ms": [...] or null, "read_mb_s": R or 0}
-// and at open, with learning on, a file whose fingerprint (the image's layer checksums and
-// sizes) and intra-op thread count match is planned with from the first inference: layer
-// times measured with other threads, or for another image (a re-pack changes the checksums),
-// are not this executor's. Learning goes on from there: costs that no longer hold are learned
-// again. A store that cannot be read or written is said once (warn) and changes nothing else;
-// with learn_after 0 the store is neither read nor written (costs as packed and profiled).
-namespace {
-
-std::string learned_fingerprint(const ImageInfo& info) {
-  std::vector<std::uint64_t> v;
-  v.reserve(2 * info.layers.size() + 1);
-  v.push_back(info.data_size);
-  for (const ImageLayer& L : info.layers) {
-    v.push_back(L.checksum);
-    v.push_back(L.size);
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(checksum(v.data(), v.size() * sizeof(std::uint64_t))));
-  return hex;
-}
-
-// Note [Noise in the window]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A window's costs are an estimate, and how good one depends on how much its inferences
-// differ. Alone on this VM, resnet101's layer times summed 83-88 ms from inference to inference;
-// with resnet18 and mobilenet_v2 served side by side on its two cores (four intra-op threads and
-// two readers), each model's sum swung with whether the other was computing at the same time:
-// mobilenet_v2's from 3 to 39 ms, resnet18's from 9 to 90, and the read rate from 636 to
-// 3662 MB/s. A window of three drew its medians from that at random, and every window or two
-// one of them was "off" by 30-100 %: 7 and 5 re-plans in 6 s of serve --learn 3, each splitting
-// the budget again (9 splits), the doubled threshold (the learn gate) halving back within a
-// second of mobilenet_v2's 85 inferences a second. And inputs of two sizes in turn (a
-// detector's crops) make each layer's times two clusters, whose median is one or the other as
-// the window's count tips: resnet18 given 128- and 64-pixel inputs in turn learned its layers at
-// 8.8 ms, then 12.4, then again.
-//
-// So:
-//  - A window spans ExecutorOptions::learn_window_ms (1 s) as well as learn_after inferences: a
-//    second of mobilenet_v2's inferences is the mixture its plan runs in, where three were one
-//    moment of it (resnet101, 300 ms an inference, still decides after four).
-//  - Each layer's time is the mean of the middle half of its times in the window (a quarter set
-//    aside at each end, one at least: of three, the median, as before): it sets a disturbed
-//    inference aside as a median does, and moves by a step of 1/(n/2) of the gap between two
-//    clusters where the count tips, not across all of it.
-//  - Each inference's own costs predict the plan in force too (its layer times and its reads'
-//    rate: one simulation per inference, as cheap as the plan's prediction), and the window's
-//    noise is 1.2533 s / sqrt(n) / c, s the deviation of those predictions and c their middle
-//    mean (the large-sample standard error of a median, relative). A window re-plans only when
-//    its error is more than twice that, as well as more than the gate; a window too noisy to
-//    tell grows, an inference at a time, up to kLearnWindowMost inferences, and slides by one;
-//    once its noise is below the gate again it slides back to the least that spans its time.
-// A model alone decides as before (twice the noise of resnet101's 83-88 ms is ~4 %, under the
-// 10 % threshold).
-constexpr std::size_t kLearnWindowMost = 256;  // inferences a window holds at most
-
 // Note [A re-plan must gain]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A window whose costs are off re-planned with them, and put in force whatever plan was best
@@ -1911,32 +1338,7 @@ constexpr std::size_t kLearnWindowMost = 256;  // inferences a window holds at m
 // 1.047 and 1.038; bench/results/learn_serve_grid_margin.jsonl).
 constexpr double kReplanGain = 0.02;
 
-// The mean of the middle half of `v` (sorted here): a quarter of the values set aside at each
-// end, one at least (three values: their median).
-double middle_mean(std::vector<double>& v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  if (n == 0) return 0;
-  const std::size_t cut = n >= 3 ? std::max<std::size_t>(1, n / 4) : 0;
-  double sum = 0;
-  for (std::size_t i = cut; i < n - cut; ++i) sum += v[i];
-  return sum / static_cast<double>(n - 2 * cut);
-}
-
-// 1.2533 s / sqrt(n) / middle_mean(x): the window's noise (Note [Noise in the window]).
-double window_noise(const std::deque<double>& x) {
-  const std::size_t n = x.size();
-  if (n < 2) return 0;
-  double mean = 0;
-  for (double v : x) mean += v;
-  mean /= static_cast<double>(n);
-  double var = 0;
-  for (double v : x) var += (v - mean) * (v - mean);
-  var /= static_cast<double>(n - 1);
-  std::vector<double> sorted(x.begin(), x.end());
-  const double center = middle_mean(sorted);
-  return center > 0 ? 1.2533 * std::sqrt(var / static_cast<double>(n)) / center : 0;
-}
+namespace {
 
 bool learns(const Executor::Impl& m) {
   return m.opt.learn_after > 0 && !m.cuda && !m.fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
@@ -1944,87 +1346,31 @@ bool learns(const Executor::Impl& m) {
 
 }  // namespace
 
+// Note [Learned costs kept] (cost_learner.cpp): at open, the costs learned before.
 void load_learned(Executor::Impl& m) {
-  const std::string& path = m.opt.learn_store;
-  if (path.empty() || !learns(m)) return;
-  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return;  // nothing learned yet
-  std::ifstream in(path);
-  if (!in) {
-    log_once(LogLevel::kWarn, "learn_store_read:" + path,
-             m.path + ": learned costs not read from " + path + ": " + std::strerror(errno));
-    return;
+  if (!learns(m)) return;
+  std::optional<LearnedCosts> got = load_learned_costs(m.opt.learn_store, m.path, m.info, m.opt.measured_exec);
+  if (!got) return;
+  CostLearner& l = *m.learner;
+  if (got->layer_ms) {
+    for (std::size_t i = 0; i < got->layer_ms->size(); ++i) m.info.layers[i].time_ms = (*got->layer_ms)[i];
+    l.stats().loaded_times = l.times_learned = true;
   }
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    const std::string fp = learned_fingerprint(m.info);
-    const int threads = at::get_num_threads();
-    if (j.value("swapnet_learned", 0) != 1) throw Error("not a learned-costs file (no \"swapnet_learned\": 1)");
-    if (j.at("fingerprint").get<std::string>() != fp) {
-      throw Error("its costs were learned for another image (fingerprint " + j.at("fingerprint").get<std::string>() +
-                  ", this image's " + fp + ")");
-    }
-    if (j.at("threads").get<int>() != threads) {
-      throw Error("its costs were learned with " + std::to_string(j.at("threads").get<int>()) +
-                  " intra-op threads, this process has " + std::to_string(threads));
-    }
-    const nlohmann::json& t = j.at("layer_ms");
-    if (!t.is_null() && m.opt.measured_exec) {
-      if (t.size() != m.info.layers.size()) {
-        throw Error("it has " + std::to_string(t.size()) + " layer times, the image " +
-                    std::to_string(m.info.layers.size()) + " layers");
-      }
-      for (std::size_t i = 0; i < t.size(); ++i) {
-        const double ms = t[i].get<double>();
-        if (!(ms >= 0) || !std::isfinite(ms)) throw Error("layer " + std::to_string(i) + "'s time is not a time");
-      }
-      for (std::size_t i = 0; i < t.size(); ++i) m.info.layers[i].time_ms = t[i].get<double>();
-      m.learned.loaded_times = m.times_learned = true;
-    }
-    const double mb_s = j.at("read_mb_s").get<double>();
-    if (mb_s > 0 && std::isfinite(mb_s)) {
-      m.opt.cost.alpha_ms_per_byte = 1e3 / (mb_s * 1e6);
-      m.learned.loaded_rate = m.rate_learned = true;
-    }
-    log(LogLevel::kInfo, m.path + ": planned with the costs learned before (" + path + ":" +
-                             (m.learned.loaded_times ? " layer times" : "") +
-                             (m.learned.loaded_rate ? " read rate " + std::to_string(mb_s) + " MB/s" : "") + ")");
-  } catch (const std::exception& e) {
-    log_once(LogLevel::kWarn, "learn_store_read:" + path + ":" + e.what(),
-             m.path + ": learned costs in " + path + " not used: " + e.what() + " (they are learned again)");
+  if (got->read_mb_s > 0) {
+    m.opt.cost.alpha_ms_per_byte = 1e3 / (got->read_mb_s * 1e6);
+    l.stats().loaded_rate = l.rate_learned = true;
   }
 }
 
+// The costs in force, where ExecutorOptions::learn_store says.
 void store_learned(Executor::Impl& m) {
   const std::string& path = m.opt.learn_store;
   if (path.empty()) return;
-  nlohmann::json j;
-  j["swapnet_learned"] = 1;
-  j["image"] = m.path;
-  j["fingerprint"] = learned_fingerprint(m.info);
-  j["layers"] = m.info.layers.size();
-  j["threads"] = at::get_num_threads();
-  if (m.times_learned) {
-    std::vector<double> t;
-    for (const ImageLayer& L : m.info.layers) t.push_back(L.time_ms);
-    j["layer_ms"] = t;
-  } else {
-    j["layer_ms"] = nullptr;
-  }
-  j["read_mb_s"] = m.rate_learned && m.opt.cost.alpha_ms_per_byte > 0 ? 1e-3 / m.opt.cost.alpha_ms_per_byte : 0.0;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::string why;
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!(out << j.dump(1) << '\n') || !(out.flush())) why = std::strerror(errno);
-  }
-  if (why.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) why = std::strerror(errno);
-  if (!why.empty()) {
-    (void)std::remove(tmp.c_str());
-    log_once(LogLevel::kWarn, "learn_store_write:" + path,
-             m.path + ": learned costs not kept in " + path + ": " + why + " (they are used in this process)");
-    return;
-  }
-  ++m.learned.stored;
+  CostLearner& l = *m.learner;
+  std::vector<double> t;
+  for (const ImageLayer& L : m.info.layers) t.push_back(L.time_ms);
+  const double mb_s = l.rate_learned && m.opt.cost.alpha_ms_per_byte > 0 ? 1e-3 / m.opt.cost.alpha_ms_per_byte : 0.0;
+  if (store_learned_costs(path, m.path, m.info, l.times_learned ? &t : nullptr, mb_s)) ++l.stats().stored;
 }
 
 // The plan in force (its blocks, residency and kept part) predicted with costs `c` and `k`.
@@ -2034,8 +1380,9 @@ static double in_force_ms(const Executor::Impl& m, const std::vector<LayerCost>&
       .predicted_ms;
 }
 
-void learn_costs(Executor::Impl& m, bool whole) {
-  using Ms = std::chrono::duration<double, std::milli>;
+// A budget grid rebuilt for learned costs that is ready now is taken, and its plan at the budget in
+// force put in force where it gains (Note [A re-plan must gain]); whether one was taken.
+bool take_rebuilt_grid(Executor::Impl& m) {
   bool adopted_now = false;
   if (m.grid_next.valid() && m.grid_next.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     adopted_now = true;
@@ -2059,17 +1406,17 @@ void learn_costs(Executor::Impl& m, bool whole) {
       std::string failed;
       try {
         in_force = in_force_ms(m, layer_costs(m.info, m.opt), m.opt.cost);
-        put = set_budget_locked(m, m.opt.budget, in_force * (1 - kReplanGain), &best);
+        put = replan(m, Replan::kLearned, m.opt.budget, in_force * (1 - kReplanGain), &best);
       } catch (const std::exception& e) {
         failed = e.what();
       }
       if (put) {
-        m.learned.predicted_before_ms = m.grid_next_before_ms;
-        m.learned.predicted_after_ms = m.plan.predicted_ms;
-        ++m.learned.adopted;
+        m.learner->stats().predicted_before_ms = m.grid_next_before_ms;
+        m.learner->stats().predicted_after_ms = m.plan.predicted_ms;
+        ++m.learner->stats().adopted;
       } else {
         m.plan.predicted_ms = in_force;
-        ++m.learned.kept_plans;
+        ++m.learner->stats().kept_plans;
         if (!failed.empty()) {
           log(LogLevel::kWarn, m.path + ": re-planning with learned costs failed, the plan stays: " + failed);
         } else {
@@ -2081,165 +1428,35 @@ void learn_costs(Executor::Impl& m, bool whole) {
       }
     }
   }
-  const int every = m.opt.learn_after;
-  if (every <= 0 || m.cuda || m.fixed_plan || m.opt.planner != ExecutorOptions::Planner::kOptimal) return;
-  bool timed = whole && m.layer_ms_now.size() == m.info.layers.size();
-  for (double v : m.layer_ms_now) timed = timed && std::isfinite(v);
-  if (!timed) return;
-  if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
-    m.learn_window.clear();
-    m.learn_pred.clear();
-    m.learn_io.clear();
-    m.learn_io.push_back(m.io_count(*m.reader));
-    return;
-  }
-  // An inference that overlapped a grid being built (this model's or another's: a thread of its
-  // own, at the lowest priority, but a core all the same) is not timed at this plan's pace:
-  // serve with two models learned mobilenet_v2's layers at 4, 12, 31 and 4 ms in turn, each
-  // build slowing the inferences the next re-plan was made from. It does not count.
-  if (m.grid_epoch != grid_builds_epoch() || g_grid_builds.load() > 0) return;
-  m.learn_window.push_back(m.layer_ms_now);
-  m.learn_io.push_back(m.io_count(*m.reader));
+  return adopted_now;
+}
+
+// Takes the costs the CostLearner decided on: planning uses them from now on (the grid rebuilt
+// with them, or a re-plan at the budget in force that must gain, Note [A re-plan must gain]).
+void take_learned(Executor::Impl& m, CostLearner::Decision d) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  CostLearner& learner = *m.learner;
+  Executor::Learning& l = learner.stats();
   const std::size_t L = m.info.layers.size();
-  const std::vector<LayerCost> planned_costs = layer_costs(m.info, m.opt);
-  const bool times = m.opt.measured_exec;
-  const double planned_rate = m.opt.cost.alpha_ms_per_byte > 0 ? 1e3 / m.opt.cost.alpha_ms_per_byte : 0;
-  auto predicted = [&](const std::vector<LayerCost>& c, const CostModel& k) { return in_force_ms(m, c, k); };
-  // The disk's rate between two of the reader's counts: the sustained one, without the bursts a
-  // throttle serves after idling (Note [A sustained read rate] in reader.cpp), where at least
-  // `least` bytes of it were read; else all bytes over all busy time, where that many were (a
-  // pipeline whose disk idles between short reads leaves few sustained samples, and there the
-  // rate matters little to its plan); else 0.
-  auto rate_between = [](const Executor::Impl::IoCount& a, const Executor::Impl::IoCount& b, double least) {
-    for (auto part : {&Executor::Impl::IoCount::sustained, &Executor::Impl::IoCount::all}) {
-      const double bytes = static_cast<double>((b.*part).bytes - (a.*part).bytes);
-      const double seconds = (b.*part).seconds - (a.*part).seconds;
-      if (bytes >= least && seconds > 0) return bytes / seconds;
-    }
-    return 0.0;
-  };
-  {  // This inference's own costs, the plan in force predicted with them (Note [Noise in the window]).
-    std::vector<LayerCost> c = planned_costs;
-    CostModel k = m.opt.cost;
-    if (times) {
-      for (std::size_t i = 0; i < L; ++i) c[i].exec_ms = m.layer_ms_now[i];
-    }
-    const double r = rate_between(m.learn_io[m.learn_io.size() - 2], m.learn_io.back(), 1 << 20);
-    if (r > 0 && planned_rate > 0) k.alpha_ms_per_byte = 1e3 / r;
-    m.learn_pred.push_back(predicted(c, k));
-  }
-  // A window is learn_after inferences and learn_window_ms at least (Note [Noise in the window]).
-  auto span_ms = [&](std::size_t from) {
-    return std::chrono::duration<double, std::milli>(m.learn_io.back().at - m.learn_io[from].at).count();
-  };
-  const std::size_t most = std::max<std::size_t>(every, kLearnWindowMost);
-  if (static_cast<int>(m.learn_window.size()) < every ||
-      (span_ms(0) < m.opt.learn_window_ms && m.learn_window.size() < most)) {
-    return;
-  }
-  std::vector<double> med(L), v;  // each layer's middle mean (Note [Noise in the window])
-  double planned = 0, measured = 0, diff = 0;
-  for (std::size_t i = 0; i < L; ++i) {
-    v.clear();
-    for (const auto& w : m.learn_window) v.push_back(w[i]);
-    med[i] = middle_mean(v);
-    const double t = m.info.layers[i].time_ms;
-    planned += t;
-    measured += med[i];
-    diff += std::fabs(med[i] - t);
-  }
-  const double rate = rate_between(m.learn_io.front(), m.learn_io.back(), 4.0 * (1 << 20));  // bytes per second
-  Executor::Learning& l = m.learned;
-  l.layer_error = m.opt.measured_exec ? (planned > 0 ? diff / planned : (measured > 0 ? INFINITY : 0)) : 0;
-  l.measured_layers_ms = measured;
-  l.planned_layers_ms = planned;
-  l.read_mb_s = rate / 1e6;
-  l.planned_read_mb_s = planned_rate / 1e6;
-  l.window = m.learn_window.size();
-  // The plan in force, predicted with the costs measured and with those planned with.
-  std::vector<LayerCost> costs = planned_costs;
-  CostModel cm = m.opt.cost;
-  const bool reads = rate > 0 && planned_rate > 0;
-  if (times) {
-    for (std::size_t i = 0; i < L; ++i) costs[i].exec_ms = med[i];
-  }
-  if (reads) cm.alpha_ms_per_byte = 1e3 / rate;
-  const double now_planned = predicted(planned_costs, m.opt.cost);
-  const double now_measured = predicted(costs, cm);
-  l.plan_error = now_planned > 0 ? now_measured / now_planned - 1 : 0;
-  // Each re-plan doubles the error the next one needs; it halves back over 100 inferences or 10 s
-  // without one, whichever is longer (down to learn_threshold). Costs that change from window to
-  // window by more than the threshold (two small models sharing this VM's two cores:
-  // mobilenet_v2's layers summed 3.3-12 ms from window to window, 7 re-plans in 4 s of serve
-  // --learn 3; at 85 inferences a second, 100 of them had halved the gate back within 1.2 s)
-  // stop re-planning; a model that kept still a while is as quick to learn as at first.
-  if (m.learn_gate < m.opt.learn_threshold) m.learn_gate = m.opt.learn_threshold;
-  // And the error must stand out of the window's own noise (Note [Noise in the window]): twice
-  // the standard error of its center; a noisy window grows (up to kLearnWindowMost inferences)
-  // before it decides.
-  l.noise = window_noise(m.learn_pred);
-  if (!(std::fabs(l.plan_error) > std::max(m.learn_gate, 2 * l.noise))) {
-    if (2 * l.noise > m.learn_gate && m.learn_window.size() < most) return;  // the window grows
-    ++l.windows;
-    // This inference's share of the half-life: 1/100, or its time over 10 s where that is less.
-    const double per = std::min(0.01, span_ms(m.learn_io.size() - 2) / 1e4);
-    m.learn_gate = std::max(m.opt.learn_threshold, std::pow(0.5, per) * m.learn_gate);
-    // The window slides: by one where it is noisy or at its most, else back to the least that
-    // still spans learn_window_ms (learn_after inferences at least).
-    const bool noisy = 2 * l.noise > m.learn_gate;
-    do {
-      m.learn_window.pop_front();
-      m.learn_pred.pop_front();
-      m.learn_io.pop_front();
-    } while (!noisy && static_cast<int>(m.learn_window.size()) >= every && span_ms(1) >= m.opt.learn_window_ms);
-    return;
-  }
-  ++l.windows;
-  m.learn_gate = std::min(1e3, 2 * m.learn_gate);
-  // Each kind of cost replaces the planned one where it alone moves the prediction enough (both
-  // where neither does alone): the read rate by half the threshold, the layer times by all of
-  // it. Layer times measured in the pipeline carry the reads' interference with the compute,
-  // which changes with the plan: vgg19 with a host-speed profile at 1 GB/s learned layers 20 %
-  // slower than packed and, with both learned, planned 1.03-1.04 x slower than with the right
-  // profile; with the rate alone it plans as the right profile does (Note [Learning the costs in
-  // service]).
-  auto moves = [&](double p, double by) { return now_planned > 0 && std::fabs(p / now_planned - 1) > by; };
-  bool take_times = times && moves(predicted(costs, m.opt.cost), m.opt.learn_threshold);
-  bool take_reads = reads && moves(predicted(planned_costs, cm), 0.5 * m.opt.learn_threshold);
-  if (!take_times && !take_reads) take_times = times, take_reads = reads;
+  const bool take_times = d.take_times, take_reads = d.take_reads;
   const double before = m.plan.predicted_ms;
   const CostModel cost_before = m.opt.cost;
   std::vector<double> times_before;
   if (take_times) {
     for (std::size_t i = 0; i < L; ++i) {
       times_before.push_back(m.info.layers[i].time_ms);
-      m.info.layers[i].time_ms = med[i];
+      m.info.layers[i].time_ms = d.layer_ms[i];
     }
   }
-  if (take_reads) m.opt.cost = cm;
-  m.learn_window.clear();
-  m.learn_pred.clear();
-  const auto io_now = m.learn_io.back();
-  m.learn_io.clear();
-  m.learn_io.push_back(io_now);
-  ++l.replans;
+  if (take_reads) m.opt.cost = d.cost;
   // The costs stay taken (Note [Learned costs kept]): written where they are kept only then, not
   // when the re-plan below fails and puts the old ones back.
   auto keep = [&] {
-    m.times_learned = m.times_learned || take_times;
-    m.rate_learned = m.rate_learned || take_reads;
+    learner.times_learned = learner.times_learned || take_times;
+    learner.rate_learned = learner.rate_learned || take_reads;
     store_learned(m);
   };
-  std::string what = "the plan in force would take " + std::to_string(now_measured) +
-                     " ms with the costs measured, not the " + std::to_string(now_planned) + " planned (layers " +
-                     std::to_string(measured) + " ms in all, not " + std::to_string(planned);
-  if (reads) {
-    what += "; reads at " + std::to_string(static_cast<long long>(rate / 1e6)) + " MB/s, not " +
-            std::to_string(static_cast<long long>(planned_rate / 1e6));
-  }
-  what += "; noise " + std::to_string(static_cast<long long>(std::lround(100 * l.noise))) + " %";
-  what += std::string("): ") + (take_times && take_reads ? "both" : take_times ? "the layer times" : "the read rate") +
-          " learned";
+  const std::string& what = d.what;
   const auto t0 = std::chrono::steady_clock::now();
   if (m.grid) {
     // The table is rebuilt off this thread; the plan in force runs until it is ready.
@@ -2249,15 +1466,10 @@ void learn_costs(Executor::Impl& m, bool whole) {
     const std::uint64_t step = m.opt.grid_step;
     m.grid_next_before_ms = before;
     try {
-      ++g_grid_builds;
-      ++g_grid_epoch;
-      m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po] {
-        struct Done {
-          ~Done() {
-            ++g_grid_epoch;
-            --g_grid_builds;
-          }
-        } done;
+      auto build = std::make_shared<GridBuild>();  // counted from now until the table is built
+      m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po,
+                                                    build]() mutable {
+        const std::shared_ptr<GridBuild> done = std::move(build);
         // The lowest priority: the inferences come first (a core of a Jetson's six, or of this VM's two).
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
         return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
@@ -2267,8 +1479,6 @@ void learn_costs(Executor::Impl& m, bool whole) {
                                ": the budget grid is rebuilt with them, and the plan follows once it is");
       return;
     } catch (const std::exception& e) {  // no thread: plans search from now on
-      ++g_grid_epoch;
-      --g_grid_builds;
       log(LogLevel::kWarn, m.path + ": no thread to rebuild the budget grid (" + e.what() +
                                "): budget changes search for their plan from now on");
       m.grid.reset();
@@ -2281,11 +1491,11 @@ void learn_costs(Executor::Impl& m, bool whole) {
   // Note [A re-plan must gain]: the plan in force, predicted with the costs just taken, stays
   // unless the best plan with them is predicted faster by more than kReplanGain (also for an
   // executor whose grid could not be rebuilt above: its Runtime splits again on a kept plan too).
-  const double in_force = predicted(layer_costs(m.info, m.opt), m.opt.cost);
+  const double in_force = in_force_ms(m, layer_costs(m.info, m.opt), m.opt.cost);
   double best = 0;
   bool adopted = false;
   try {
-    adopted = set_budget_locked(m, m.opt.budget, in_force * (1 - kReplanGain), &best);
+    adopted = replan(m, Replan::kLearned, m.opt.budget, in_force * (1 - kReplanGain), &best);
   } catch (const std::exception& e) {
     // Cannot happen (the minimum budget does not depend on times); if it does, keep the plan
     // and the costs it was made with.
@@ -2315,9 +1525,29 @@ void learn_costs(Executor::Impl& m, bool whole) {
                            " ms, " + std::to_string(m.plan.blocks.size()) + " blocks");
 }
 
+// After an inference: a rebuilt grid taken, the inference shown to the CostLearner, and the
+// costs it decides on taken (Note [Learning the costs in service] in cost_learner.cpp).
+void learn_costs(Executor::Impl& m, bool whole) {
+  const bool adopted_now = take_rebuilt_grid(m);
+  if (!learns(m)) return;
+  CostLearner& learner = *m.learner;
+  if (!learner.timed(whole)) return;
+  const CostLearner::IoCount now = CostLearner::io_count(*m.reader);
+  if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
+    learner.restart(now);
+    return;
+  }
+  std::vector<double> planned_ms;
+  for (const ImageLayer& L : m.info.layers) planned_ms.push_back(L.time_ms);
+  auto predict = [&](const std::vector<LayerCost>& c, const CostModel& k) { return in_force_ms(m, c, k); };
+  std::optional<CostLearner::Decision> d =
+      learner.observe(now, planned_ms, layer_costs(m.info, m.opt), m.opt.cost, predict);
+  if (d) take_learned(m, std::move(*d));
+}
+
 Executor::Learning Executor::learning() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  return impl_->learned;
+  return impl_->learner->stats();
 }
 
 CostModel Executor::cost() const {
@@ -2344,10 +1574,11 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
       if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
     }
   }
-  m.inputs_outside = 0;
+  std::uint64_t inputs_outside = 0;
   for (const auto& v : inputs) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu()) m.inputs_outside += v.toTensor().nbytes();
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu()) inputs_outside += v.toTensor().nbytes();
   }
+  m.lender.set_inputs_outside(inputs_outside);
   try {
     m.run = std::make_unique<Skeleton::Run>(m.sk.begin(std::move(inputs)));
   } catch (...) {
@@ -2357,8 +1588,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.cur = 0;
   m.bound = false;
   m.cur_from_fetch = false;
-  m.layer_ms_now.assign(m.info.layers.size(), std::nan(""));
-  m.grid_epoch = grid_builds_epoch();
+  m.learner->begin();
   m.inference_t0 = TraceClock::now();
   m.held_why = nullptr;  // Note [Tracing]: the first stop of every inference is traced
   if (m.ring && m.ring->lend() > 0 && !m.measuring) {
@@ -2369,12 +1599,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
       if (m.own_account == 0) m.own_account = new_cpu_account();
       account = m.own_account;
     }
-    if (account != m.zone_account) m.detach_zone();
-    m.zone_account = account;
-    m.attach_zone();
-    if (m.lends() && !m.lease_known) std::fill(m.lease.begin(), m.lease.end(), 0);
-    m.lease_whole = m.lends();
-    if (m.lends()) (void)detail::cpu_zone_use(m.zone_account, m.zone_id, true);
+    m.lender.begin(account, m.ring.get());
   }
   m.pump();
 }
@@ -2384,13 +1609,13 @@ bool Executor::step(int stop_before) {
   std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
   if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
-  AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
+  AccountScope charge(m.measuring ? m.measuring->account : m.lender.lends() ? m.lender.account() : 0);
   try {
     if (m.shed_pending) {
       // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
       // checks for a move when step() returns): do not read back at the old budget first.
       if (m.yield.exchange(false)) return false;
-      set_budget_locked(m, m.opt.budget);  // no cut follows: read again what was shed
+      replan(m, Replan::kShed, m.opt.budget);  // no cut follows: read again what was shed
     }
     const int n = static_cast<int>(m.plan.blocks.size());
     if (m.cur >= n) return true;
@@ -2425,7 +1650,7 @@ bool Executor::step(int stop_before) {
         if (m.cur_waited < m.cur_fetch.pieces.size()) ++m.layers_started_early;
       }
       m.running_layer = m.run->next_layer();
-      m.sync_zone(m.running_layer);  // its activations go where they went before
+      m.lender.sync(m.running_layer);  // its activations go where they went before
       lk.unlock();  // shed() may give back what this layer does not read, meanwhile
       const auto layer_t0 = TraceClock::now();
       try {
@@ -2438,11 +1663,9 @@ bool Executor::step(int stop_before) {
       const auto layer_t1 = TraceClock::now();
       if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
       lk.lock();
-      if (static_cast<std::size_t>(m.running_layer) < m.layer_ms_now.size()) {
-        m.layer_ms_now[m.running_layer] = std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count();
-      }
+      m.learner->time_layer(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
       m.note_reach();
-      m.measure_lease(m.running_layer);
+      m.lender.measure(m.running_layer);
       m.running_layer = -1;
       ran = true;
       // The rest of the block may have been given back: no further layer before a re-plan.
@@ -2460,7 +1683,7 @@ bool Executor::step(int stop_before) {
       // the layer that ended was the last in the way of (the zone its activations needed is free
       // now), also inside a resident block or one read whole (Note [Lending the activation
       // reserve]).
-      const bool lending = m.lends() && !m.cuda && m.run->next_layer() <= last;
+      const bool lending = m.lender.lends() && !m.cuda && m.run->next_layer() <= last;
       if (n_back > 0 || lending) {
         const std::uint64_t pushed = m.fetch_order;
         m.pump();
@@ -2516,7 +1739,7 @@ c10::IValue Executor::finish() {
   }
   c10::IValue out;
   try {
-    AccountScope charge(m.measuring ? m.measuring->account : m.lends() ? m.zone_account : 0);
+    AccountScope charge(m.measuring ? m.measuring->account : m.lender.lends() ? m.lender.account() : 0);
     out = m.sk.finish(*m.run);
     // Outputs copied out of [lo, hi) (outside any account); the bytes copied.
     auto evict = [&](const char* lo, std::uint64_t bytes) {
@@ -2525,22 +1748,21 @@ c10::IValue Executor::finish() {
         int a;
         ~Restore() { set_thread_cpu_account(a); }
       } restore{before};
-      const std::uint64_t copied_before = m.outputs_copied;
-      out = evict_from(out, lo, lo + bytes, &m.outputs_copied);
-      return m.outputs_copied - copied_before;
+      std::uint64_t copied = 0;
+      out = evict_from(out, lo, lo + bytes, &copied);
+      return copied;
     };
     if (m.measuring && m.measuring->scratch != 0) {
       // Note [Dynamic shapes]: outputs leave the scratch zone, which goes after this inference.
       m.note_reach();
       (void)evict(m.measuring->scratch_base, m.measuring->scratch_bytes);
     }
-    if (m.lends()) {
+    if (m.lender.lends()) {
       // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
       // the next inference's activations (or blocks) are planned to use: copied out, the zone's
       // chunks freed with the inference.
       const std::uint64_t copied = evict(m.ring->zone_begin(), m.ring->lend());
-      m.output_lease = std::max(m.output_lease, copied);
-      m.inputs_outside += copied;
+      m.lender.outputs_copied(copied);
     }
     // Blocks read after a write into the file would be mixed with those read before it.
     m.reader->check_file().throw_if_error();
@@ -2552,7 +1774,7 @@ c10::IValue Executor::finish() {
   trace_span(m.tgroup, TraceLane::kInference, "inference", m.inferences++, m.inference_t0, TraceClock::now());
   // Note [Lending the activation reserve]: one whole inference in this zone measured every
   // layer's reach.
-  if (m.lends() && m.lease_whole) m.lease_known = true;
+  m.lender.end_inference();
   // Reads ahead of this inference belong to the next one now.
   for (auto& f : m.fetches) f.next = false;
   // The cursor at block 0 of the inference after the one that begins next (rd_beyond is set
@@ -2761,10 +1983,11 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   p.released_early_bytes = impl_->released_early;
   p.read_past_streamed = impl_->read_past_streamed;
   p.read_at_layer_end = impl_->read_at_layer_end;
-  p.zone_bytes = impl_->lends() ? impl_->ring->lend() : 0;
-  p.lent_peak_bytes = impl_->lent_peak;
-  p.zone_peak_bytes = impl_->zone_peak;
-  p.zone_misses = impl_->zone_misses;
+  const ZoneLender::Stats z = impl_->lender.stats();
+  p.zone_bytes = z.zone_bytes;
+  p.lent_peak_bytes = z.lent_peak;
+  p.zone_peak_bytes = z.zone_peak;
+  p.zone_misses = z.zone_misses;
   p.disk_busy_ms = impl_->reader->busy_seconds() * 1e3;
   return p;
 }
