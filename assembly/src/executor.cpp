@@ -61,6 +61,7 @@
 
 #include "cost_learner.h"
 #include "cpu_meter.h"
+#include "input_meter.h"
 #include "planning.h"
 #include "zone_lender.h"
 #include "swapnet/assembly.h"
@@ -96,35 +97,7 @@ using detail::set_cpu_account_limit;
 // keeps fc6 resident and reads 164 MB. The planner (partitioner's optimal_partition, kRing)
 // and simulate_ms() price the serialised reads; the two-ended pipelines still need a pair.
 //
-// Note [Dynamic shapes]
-// ~~~~~~~~~~~~~~~~~~~~~
-// The budget reserves activations for the inputs they were measured at: the image's input
-// profiles (pack's example, and --input-profile's), each an input signature (describe_inputs:
-// dtypes, sizes, structure) with its peak. An input *covered* by one (covers(): same structure,
-// dtypes and other values, no dimension larger; activations do not grow when no dimension does)
-// runs under the plan. Any other input is measured by the inference it is for, within the
-// budget:
-//  - before it, the plan becomes one with weights at their least (weights_min: the minimum
-//    budget's ring and pinned slots) and activations allowed the rest of the budget;
-//  - the CPU meter charges the inference's allocations to an account (the thread's, e.g. a
-//    Runtime model's, or the executor's own) whose limit is that allowance: an allocation past
-//    it throws, as out-of-memory would, so the inference fails with the input, the budget, the
-//    least weights and the layer, and never runs over budget;
-//  - after it, its peak joins the profiles and the reserve becomes the largest peak measured
-//    (plans never shrink it: a smaller input later is covered), and the budget is re-planned.
-//    The peak is what pack records (measure_activation_bytes): the most of the bytes live and of
-//    the extent the activations reached in a zone (a scratch zone of the allowance's size is the
-//    account's region meanwhile), plus the bytes outside it; the bytes live alone fell short of
-//    the zone a later inference of that input places them in, and a chunk left out of the zone
-//    is memory past the budget.
-// An input larger only at run time costs one slower inference (the least-weight plan), then runs
-// at full speed; a sequence growing by one token per call (generation) would be measured at
-// every call, so such models record their largest input when packed (--input-profile). A budget
-// change during the measuring inference keeps weights at their least and moves the limit (a
-// budget below what the inference already holds is refused, as any budget below the minimum).
-// The GPU's activations are in PyTorch's caching allocator, which the meter does not see: there
-// an input no profile covers is refused, naming the profiles.
-//
+// Note [Dynamic shapes] is in input_meter.cpp.
 // Resumable inference: `run` holds the activations between layers; `cur` is the block being
 // executed and `bound` says whether its weights are bound (a step interrupted inside a block).
 // A budget change during an inference (set_budget between steps) cancels the reads in flight
@@ -176,43 +149,20 @@ struct Executor::Impl {
   std::uint64_t shed_held = 0;    // what is held since (the running layer's weights, pinned slots)
   bool cross_inference = true;    // the cursor reads on into the next inference (not kPaper)
 
-  // Note [Dynamic shapes]: inputs the activation reserve (info.activation_bytes) was measured
-  // for, and the inference measuring a new one.
-  std::vector<InputProfile> profiles;
+  // Note [Dynamic shapes] (input_meter.cpp): the inputs the activation reserve
+  // (info.activation_bytes) was measured for, and the inference measuring a new one.
+  InputMeter meter;
   std::uint64_t weights_min = 0;  // the least weight memory any plan needs (minimum budget less activations)
-  int own_account = 0;            // CPU meter account for measuring when the thread has none
-  std::uint64_t remeasured = 0;   // inputs measured since open
-  struct Measuring {
-    std::vector<ImageInput> inputs;
-    int account = 0;
-    std::uint64_t base = 0;         // the account's bytes at begin()
-    std::uint64_t input_bytes = 0;  // forward's input tensors (counted as pack counts them)
-    std::uint64_t reserve = 0;      // the reserve before (restored if the measurement fails)
-    // A zone of the allowance's size (address space; pages touched where chunks land) is the
-    // account's region while it measures, so that the reserve recorded holds the activations as
-    // a zone places them, not only the bytes live at once (measure_activation_bytes does the
-    // same at pack): fragmentation makes their extent larger. 0: none (the meter is not in use).
-    std::uint64_t scratch = 0;       // its zone id
-    char* scratch_base = nullptr;
-    std::uint64_t scratch_bytes = 0;
-    std::uint64_t cache_cap = 0;     // the account's activation cache before (restored after)
-    std::uint64_t unzoned0 = 0;      // the account's bytes outside any zone at begin()
-    std::uint64_t reach = 0;         // the most extent + bytes outside it that a layer reached
-  };
-  std::optional<Measuring> measuring;
-  // Note [Dynamic shapes]: after a layer (or finish) of the measuring inference, the extent its
-  // activations reached in the scratch zone plus the account's bytes outside it.
-  void note_reach() {
-    if (!measuring || measuring->scratch == 0) return;
-    Measuring& ms = *measuring;
-    ms.reach = std::max(ms.reach, detail::zone_reach(detail::cpu_zone_use(ms.account, ms.scratch, true), ms.unzoned0));
-  }
-  // The scratch zone stops being the account's region (it goes with its last chunk); the cache
-  // the account had before comes back.
-  static void drop_scratch(const Measuring& ms) {
-    if (ms.scratch == 0) return;
-    if (detail::cpu_zone_use(ms.account, ms.scratch, false).attached) set_cpu_account_cache(ms.account, 0);
-    if (ms.cache_cap > 0) set_cpu_account_cache(ms.account, ms.cache_cap);
+  int own_account = 0;            // CPU meter account when the thread has none (measuring, lending)
+  // The account an inference's activations are charged to: the thread's (a Runtime model's), else
+  // the executor's own.
+  int inference_account() {
+    int account = detail::thread_cpu_account();
+    if (account == 0) {
+      if (own_account == 0) own_account = new_cpu_account();
+      account = own_account;
+    }
+    return account;
   }
 
   // Reads submitted, in cursor order (Note [Read-ahead ring]).
@@ -355,7 +305,7 @@ struct Executor::Impl {
 
   // Makes the ring's zone the region of the lender's account (Note [Lending the activation
   // reserve] in zone_lender.cpp).
-  void attach_zone() { lender.attach(ring.get(), measuring.has_value(), run ? run->next_layer() : 0); }
+  void attach_zone() { lender.attach(ring.get(), meter.measuring(), run ? run->next_layer() : 0); }
   // The ring goes (a new plan, or release): the zone's holes and the ring's pages go back now;
   // activations of the inference in progress may live in the zone, and its live chunks keep
   // their pages until the last is freed.
@@ -398,7 +348,7 @@ struct Executor::Impl {
   }
 
   Impl(std::string p, ImageInfo i, Skeleton s)
-      : path(std::move(p)), info(std::move(i)), sk(std::move(s)), lender(path, info.layers.size()) {}
+      : path(std::move(p)), info(std::move(i)), sk(std::move(s)), meter(path), lender(path, info.layers.size()) {}
   ~Impl() {
     try {
       drain();
@@ -889,12 +839,13 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
                              "re-pack it (swapnet pack) to lend it");
   }
   // Note [Dynamic shapes]: the reserve holds the largest input measured.
-  m.profiles = m.info.input_profiles;
-  if (m.profiles.empty()) {
+  std::vector<InputProfile> profiles = m.info.input_profiles;
+  if (profiles.empty()) {
     std::vector<ImageInput> legacy = legacy_input_profile(m.info.input_shapes);
-    if (!legacy.empty() || m.info.num_inputs == 0) m.profiles.push_back(InputProfile{m.info.activation_bytes, legacy});
+    if (!legacy.empty() || m.info.num_inputs == 0) profiles.push_back(InputProfile{m.info.activation_bytes, legacy});
   }
-  for (const auto& pr : m.profiles) m.info.activation_bytes = std::max(m.info.activation_bytes, pr.activation_bytes);
+  m.meter.set_profiles(std::move(profiles));
+  m.info.activation_bytes = m.meter.largest(m.info.activation_bytes);
   m.weights_min = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt)) - m.info.activation_bytes;
   m.fixed_plan = !options.partition.empty() || options.blocks > 0;
   if (!learn_after_valid(options.learn_after)) {
@@ -957,7 +908,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
     // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
-    const std::uint64_t lend = lend_for(m.info, m.opt) > 0 && !m.measuring && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
+    const std::uint64_t lend = lend_for(m.info, m.opt) > 0 && !m.meter.measuring() && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
                                        p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
                                    ? p.activation_bytes
                                    : 0;
@@ -1099,33 +1050,23 @@ void Executor::set_budget(std::uint64_t bytes) {
 bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat_ms, double* best_ms) {
   trace_instant(m.tgroup, TraceLane::kControl, "budget", -1, "bytes", static_cast<std::int64_t>(bytes));
   const auto t_plan = std::chrono::steady_clock::now();
-  if (m.measuring) {
+  if (m.meter.measuring()) {
     // Measuring a new input's activations (Note [Dynamic shapes]): weights stay at their least
     // and activations get the rest of the new budget, less than they hold already: refused.
-    const Executor::Impl::Measuring ms = *m.measuring;  // a copy: reset below
-    const std::uint64_t allowance = bytes > m.weights_min ? bytes - m.weights_min : 0;
-    const CpuMeterStats now = cpu_account(ms.account);
-    const std::uint64_t held = (now.current > ms.base ? now.current - ms.base : 0) + ms.input_bytes;
-    if (allowance <= held) {
-      throw Error(m.path + ": budget " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
-                  ") is too small while an inference measures the activations of input " + inputs_text(ms.inputs) +
-                  ": it holds " + format_bytes(held) + " of them and the least weights need " +
-                  format_bytes(m.weights_min));
-    }
+    const std::uint64_t allowance = m.meter.allowance_at(bytes, m.weights_min);
     const std::uint64_t before = m.info.activation_bytes;
     m.grid_reserve = m.grid_reserve - before + allowance;
     m.info.activation_bytes = allowance;
-    m.measuring.reset();  // plan as for any reserve
+    InputMeter::Measurement ms = m.meter.suspend();  // plan as for any reserve
     try {
       (void)replan(m, why, bytes);
     } catch (...) {
       m.grid_reserve = m.grid_reserve - allowance + before;
       m.info.activation_bytes = before;
-      m.measuring = ms;
+      m.meter.resume(std::move(ms), 0);
       throw;
     }
-    m.measuring = ms;
-    set_cpu_account_limit(ms.account, ms.base + allowance - ms.input_bytes);
+    m.meter.resume(std::move(ms), allowance);
     return true;
   }
   ExecutorOptions o = m.opt;
@@ -1185,16 +1126,6 @@ bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat
 
 namespace {
 
-std::string profiles_text(const Executor::Impl& m) {
-  if (m.profiles.empty()) return "none recorded in the image";
-  std::string out;
-  for (const auto& p : m.profiles) {
-    out += (out.empty() ? "" : "; ") + (p.inputs.empty() ? std::string("no inputs") : inputs_text(p.inputs)) + ": " +
-           format_bytes(p.activation_bytes);
-  }
-  return out;
-}
-
 // The activation reserve becomes `bytes`; re-plans at the budget in force (throws if it does not
 // fit, the reserve restored).
 void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
@@ -1213,36 +1144,8 @@ void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
 // Before an inference whose input no profile covers: weights planned at their least, activations
 // allowed the rest of the budget, the allocator refusing past it (Note [Dynamic shapes]).
 void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::vector<c10::IValue>& inputs) {
-  const std::string what = m.path + ": input " + inputs_text(in) + " is not covered by the inputs its activations were measured for (" +
-                           profiles_text(m) + ")";
-  if (m.cuda) {
-    throw Error(what + ", and activations on the GPU are not metered: re-pack with the largest input as the example "
-                       "(swapnet pack --input ..., or --input-profile)");
-  }
-  std::uint64_t input_bytes = 0;
-  for (const auto& v : inputs) {
-    if (v.isTensor() && v.toTensor().defined()) input_bytes += v.toTensor().nbytes();
-  }
-  const std::uint64_t budget = m.opt.budget;
-  const std::uint64_t allowance = budget > m.weights_min ? budget - m.weights_min : 0;
-  if (allowance <= input_bytes) {
-    throw Error(what + "; the budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) + ") leaves " +
-                format_bytes(allowance) + " for activations after the least weights (" + format_bytes(m.weights_min) +
-                "), and the input alone is " + format_bytes(input_bytes));
-  }
-  install_cpu_meter();
-  int account = detail::thread_cpu_account();
-  if (account == 0) {
-    if (m.own_account == 0) m.own_account = new_cpu_account();
-    account = m.own_account;
-  }
-  if (account == 0) throw Error(what + ", and all CPU meter accounts are taken: it cannot be measured");
-  Executor::Impl::Measuring ms;
-  ms.inputs = std::move(in);
-  ms.account = account;
-  ms.base = cpu_account(account).current;
-  ms.input_bytes = input_bytes;
-  ms.reserve = m.info.activation_bytes;
+  InputMeter::Measurement ms = m.meter.prepare(std::move(in), inputs, m.cuda, m.opt.budget, m.weights_min,
+                                               m.info.activation_bytes, [&] { return m.inference_account(); });
   {
     // No zone while measuring: the allowance is all the budget leaves, past it the account refuses.
     m.lender.detach();
@@ -1251,46 +1154,20 @@ void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::v
       bool& b;
       ~On() { b = false; }
     } on{m.lend_off};
-    set_reserve(m, allowance);
+    set_reserve(m, ms.allowance);
   }
-  if (detail::cpu_meter_active()) {
-    ms.cache_cap = cpu_account_cache(account).cap;
-    ms.scratch = detail::set_cpu_account_scratch_zone(account, allowance, &ms.scratch_base);
-    ms.scratch_bytes = allowance;
-    if (ms.scratch != 0) ms.unzoned0 = detail::cpu_zone_use(account, ms.scratch, true).unzoned;
-  }
-  reset_cpu_account_peak(account);
-  set_cpu_account_limit(account, ms.base + allowance - input_bytes);
-  log(LogLevel::kInfo, what + ": measuring them in this inference, weights at their least (" + format_bytes(m.weights_min) +
-                           "), activations up to " + format_bytes(allowance));
-  m.measuring = std::move(ms);
+  m.meter.start(std::move(ms));
 }
 
 // After the measuring inference (between inferences): records the input's activations and plans
 // with the larger reserve (`ok`), or restores the reserve before.
 void end_measuring(Executor::Impl& m, bool ok) {
-  if (!m.measuring) return;
-  const Executor::Impl::Measuring ms = std::move(*m.measuring);
-  m.measuring.reset();
-  const CpuMeterStats st = cpu_account(ms.account);
-  set_cpu_account_limit(ms.account, 0);
-  Executor::Impl::drop_scratch(ms);
-  std::uint64_t reserve = ms.reserve;
+  if (!m.meter.measuring()) return;
+  const std::uint64_t reserve = m.meter.end(ok && !m.released);
   if (m.released) {  // nothing to re-plan: the next set_budget() plans with the reserve before
     m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
     m.info.activation_bytes = reserve;
     return;
-  }
-  if (ok) {
-    const std::uint64_t live = st.peak > ms.base ? st.peak - ms.base : 0;
-    const std::uint64_t measured = std::max(live, ms.reach) + ms.input_bytes;
-    log(LogLevel::kDebug, m.path + ": input " + inputs_text(ms.inputs) + ": activations " + format_bytes(live) +
-                              " live at most, " + (ms.scratch ? format_bytes(ms.reach) + " as placed in a zone" : "no zone"));
-    m.profiles.push_back(InputProfile{measured, ms.inputs});
-    ++m.remeasured;
-    reserve = std::max(reserve, measured);
-    log(LogLevel::kInfo, m.path + ": input " + inputs_text(ms.inputs) + " needs " + format_bytes(measured) +
-                             " of activations; the reserve is " + format_bytes(reserve) + " from now on");
   }
   try {
     set_reserve(m, reserve);
@@ -1305,12 +1182,12 @@ void end_measuring(Executor::Impl& m, bool ok) {
 
 std::uint64_t Executor::remeasured() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  return impl_->remeasured;
+  return impl_->meter.remeasured();
 }
 
 std::vector<InputProfile> Executor::input_profiles() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  return impl_->profiles;
+  return impl_->meter.profiles();
 }
 
 // Note [A re-plan must gain]
@@ -1565,9 +1442,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.reader->check_file().throw_if_error();  // Note [The image changing on disk] (reader.cpp)
   {
     std::vector<ImageInput> in = describe_inputs(inputs);
-    bool covered = false;
-    for (const auto& p : m.profiles) covered = covered || covers(p.inputs, in);
-    if (!covered) start_measuring(m, std::move(in), inputs);
+    if (!m.meter.covers(in)) start_measuring(m, std::move(in), inputs);
   }
   if (m.cuda) {
     for (auto& v : inputs) {
@@ -1591,15 +1466,10 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.learner->begin();
   m.inference_t0 = TraceClock::now();
   m.held_why = nullptr;  // Note [Tracing]: the first stop of every inference is traced
-  if (m.ring && m.ring->lend() > 0 && !m.measuring) {
+  if (m.ring && m.ring->lend() > 0 && !m.meter.measuring()) {
     // Note [Lending the activation reserve]: this thread's account (a Runtime model's), else the
     // executor's own, places the inference's activations in the ring's zone.
-    int account = detail::thread_cpu_account();
-    if (account == 0) {
-      if (m.own_account == 0) m.own_account = new_cpu_account();
-      account = m.own_account;
-    }
-    m.lender.begin(account, m.ring.get());
+    m.lender.begin(m.inference_account(), m.ring.get());
   }
   m.pump();
 }
@@ -1609,7 +1479,7 @@ bool Executor::step(int stop_before) {
   std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
   if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
-  AccountScope charge(m.measuring ? m.measuring->account : m.lender.lends() ? m.lender.account() : 0);
+  AccountScope charge(m.meter.measuring() ? m.meter.account() : m.lender.lends() ? m.lender.account() : 0);
   try {
     if (m.shed_pending) {
       // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
@@ -1664,7 +1534,7 @@ bool Executor::step(int stop_before) {
       if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
       lk.lock();
       m.learner->time_layer(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
-      m.note_reach();
+      m.meter.note_reach();
       m.lender.measure(m.running_layer);
       m.running_layer = -1;
       ran = true;
@@ -1716,13 +1586,9 @@ bool Executor::step(int stop_before) {
     m.pump();
     return m.cur >= n;
   } catch (...) {
-    if (m.measuring && cpu_account_refused(m.measuring->account)) {
+    if (m.meter.refused()) {
       const int k = m.run->next_layer();
-      Error why(m.path + ": input " + inputs_text(m.measuring->inputs) + " needs more activations than the budget " +
-                std::to_string(m.opt.budget) + " bytes (" + format_bytes(m.opt.budget) + ") leaves them: " +
-                format_bytes(m.info.activation_bytes) + " after the least weights (" + format_bytes(m.weights_min) +
-                "), reached in layer " + std::to_string(k) + " (" + m.info.layers[k].name +
-                "); measured before: " + profiles_text(m) + ". A larger budget or a smaller input runs");
+      Error why(m.meter.refusal(m.opt.budget, m.weights_min, k, m.info.layers[k].name));
       abort();
       throw why;
     }
@@ -1739,7 +1605,7 @@ c10::IValue Executor::finish() {
   }
   c10::IValue out;
   try {
-    AccountScope charge(m.measuring ? m.measuring->account : m.lender.lends() ? m.lender.account() : 0);
+    AccountScope charge(m.meter.measuring() ? m.meter.account() : m.lender.lends() ? m.lender.account() : 0);
     out = m.sk.finish(*m.run);
     // Outputs copied out of [lo, hi) (outside any account); the bytes copied.
     auto evict = [&](const char* lo, std::uint64_t bytes) {
@@ -1752,10 +1618,10 @@ c10::IValue Executor::finish() {
       out = evict_from(out, lo, lo + bytes, &copied);
       return copied;
     };
-    if (m.measuring && m.measuring->scratch != 0) {
+    if (const auto [base, bytes] = m.meter.scratch(); bytes != 0) {
       // Note [Dynamic shapes]: outputs leave the scratch zone, which goes after this inference.
-      m.note_reach();
-      (void)evict(m.measuring->scratch_base, m.measuring->scratch_bytes);
+      m.meter.note_reach();
+      (void)evict(base, bytes);
     }
     if (m.lender.lends()) {
       // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
@@ -1784,7 +1650,7 @@ c10::IValue Executor::finish() {
   m.cur = 0;
   m.register_ring();
   m.pump();
-  const bool measured_input = m.measuring.has_value();
+  const bool measured_input = m.meter.measuring();
   end_measuring(m, true);  // re-plans with the reserve this input needs
   try {
     learn_costs(m, !measured_input);
@@ -2048,12 +1914,10 @@ void Executor::release() {
 
 void release_all(Executor::Impl& m) {
   if (m.released) return;
-  if (m.measuring) {  // an inference measuring activations ends here: its limit and reserve go
-    set_cpu_account_limit(m.measuring->account, 0);
-    Executor::Impl::drop_scratch(*m.measuring);
-    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + m.measuring->reserve;
-    m.info.activation_bytes = m.measuring->reserve;
-    m.measuring.reset();
+  if (m.meter.measuring()) {  // an inference measuring activations ends here: its limit and reserve go
+    const std::uint64_t reserve = m.meter.end(false);
+    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
+    m.info.activation_bytes = reserve;
   }
   m.run.reset();
   m.bound = false;
