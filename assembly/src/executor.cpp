@@ -12,30 +12,11 @@
 //  - pinned: slots read by a layer outside the block that owns them (shared weights); they are
 //    read once at open and stay resident, so a released block never leaves a dangling view.
 //
-// Note [Swapping onto the GPU]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With ExecutorOptions::Device::kCUDA the arena is managed memory: the reader DMAs a block
-// into it, and the same bytes are bound as CUDA tensors (no copy). On discrete GPUs
-// (concurrentManagedAccess) the block is prefetched to the GPU once read; on integrated GPUs
-// (Jetson: no concurrent managed access, so the host may not touch managed memory while any
-// kernel runs, and the reader writes and checksums block i+1 while block i computes) the arena
-// is pinned host memory registered with CUDA instead: the same DRAM, readable in place, and
-// without that rule. Kernels run asynchronously, so an arena end may only be
-// refilled once the kernels reading its previous block are done: after a block's layers are
-// queued, an event is recorded for its end, and the read into that end waits for it. The order
-// per block is therefore: wait for its read, bind, queue its kernels, then submit the next read
-// (which waits for the block before, two back) — the read of block i+1 still overlaps the
-// kernels of block i. The first block of an inference waits for both ends: the previous
-// inference's last block may still be computing at the other one. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
-// with a one-page read at open), the arena is host memory pinned with cudaHostRegister instead.
-// Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
-// bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
+// The GPU: Note [Swapping onto the GPU] and Note [Device backends] in device_backend.cpp.
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/core/Allocator.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <malloc.h>
 #include <sys/mman.h>
@@ -61,6 +42,7 @@
 
 #include "cost_learner.h"
 #include "cpu_meter.h"
+#include "device_backend.h"
 #include "input_meter.h"
 #include "planning.h"
 #include "zone_lender.h"
@@ -247,34 +229,10 @@ struct Executor::Impl {
   std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
   std::atomic<bool> yield{false};
 
-  // ExecutorOptions::Device::kCUDA (Note [Swapping onto the GPU]).
-  bool cuda = false;
-  c10::Device device{c10::DeviceType::CPU};
-  std::deque<std::unique_ptr<c10::Event>> gpu_pending;  // per executed swapped block not yet popped
-  std::unique_ptr<Arena> pinned_gpu;    // pinned slots, where the GPU can read them
-
-  c10::Stream stream() const { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device); }
-  // Pops the ring entries of executed blocks whose kernels are done (all of them, waiting, if
-  // `wait`; only the oldest one, waiting, if `one`).
-  void reclaim(bool wait, bool one = false) {
-    while (!gpu_pending.empty()) {
-      if (!gpu_pending.front()->query()) {
-        if (!wait) return;
-        while (!gpu_pending.front()->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-      gpu_pending.pop_front();
-      ring->pop();
-      if (one) return;
-    }
-  }
-  // Nothing queued on the GPU reads any block: before the ring is resized, re-read or freed.
-  void gpu_idle() {
-    if (!cuda) return;
-    if (ring) reclaim(true);
-    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
-  }
-  char* dev(const BlockRing& r, char* p) const { return r.device_address(p); }
-  char* dev(const Arena& a, char* p) const { return a.device_base() + (p - a.base()); }
+  // Where layers run (Note [Device backends]): the host until open() says otherwise.
+  std::unique_ptr<DeviceBackend> backend = make_host_backend();
+  std::unique_ptr<Arena> pinned_gpu;    // pinned slots, where the device reads them
+  const DeviceBackend::Caps& caps() const { return backend->caps(); }
 
   std::uint64_t offset(int layer) const { return info.layers[layer].offset; }
   std::uint64_t span(int first, int last) const {
@@ -352,7 +310,7 @@ struct Executor::Impl {
   ~Impl() {
     try {
       drain();
-      gpu_idle();
+      backend->idle(ring.get());
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
     run.reset();  // its activations go back to their account first
@@ -376,7 +334,7 @@ struct Executor::Impl {
   }
   void bind_range(int first, int last, char* at) {
     auto t0 = std::chrono::steady_clock::now();
-    sk.bind_layers(first, last, at, offset(first), device);
+    sk.bind_layers(first, last, at, offset(first), backend->device());
     bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (int k = first; k <= last; ++k) bound_tensors += sk.layers()[k].slots.size();
   }
@@ -384,8 +342,8 @@ struct Executor::Impl {
   void bind_loaded() {
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
       if (plan.resident[b] && kept_state[b] == Kept::kLoaded) {
-        char* at = plan.block_bytes[b] > 0 ? dev(*kept, kept->base() + kept_at[b]) : zero_page();
-        sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, at, offset(plan.blocks[b].first), device);
+        char* at = plan.block_bytes[b] > 0 ? backend->address(*kept, kept->base() + kept_at[b]) : zero_page();
+        sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, at, offset(plan.blocks[b].first), backend->device());
       }
     }
     rebind_pinned();
@@ -468,8 +426,8 @@ struct Executor::Impl {
           kept = plan.retained_bytes;
           f.skip = retained_valid && checks_for(bf, bl).empty() ? kept : 0;
         }
-        if (cuda) reclaim(false);
-        while (may_wait && !ring->fits(f.bytes) && gpu_pending.size() > 1) reclaim(true, true);
+        backend->reclaim(*ring, false);
+        while (may_wait && !ring->fits(f.bytes) && backend->pending() > 1) backend->reclaim(*ring, true, true);
         char* at = static_cast<char*>(keeps ? ring->push_first(f.bytes - kept) : ring->push(f.bytes, ring_limit(f)));
         if (at == nullptr) {
           // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
@@ -600,7 +558,7 @@ struct Executor::Impl {
       if (f.resident && f.first == plan.blocks[f.block].first) kept_state[f.block] = Kept::kNone;
     }
     fetches.clear();
-    if (cuda && ring) reclaim(true);
+    if (ring) backend->reclaim(*ring, true);
     if (ring) ring->clear();
     rd_block = 0;
     rd_first = -1;
@@ -625,12 +583,12 @@ struct Executor::Impl {
   // the executing block not yet waited for are cancelled and waited for wherever reads are
   // (drain, shed, an error).
   bool layer_by_layer(const Fetch& f) const {
-    return opt.layer_by_layer && !cuda && ring && ring->deep() && !f.resident && f.block != plan.retain_block &&
+    return opt.layer_by_layer && caps().layer_by_layer && ring && ring->deep() && !f.resident && f.block != plan.retain_block &&
            f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
   }
   // Whether a fetch's layers run as its pieces land (streamed ones too).
   bool runs_by_layer(const Fetch& f) const {
-    return !f.pieces.empty() && opt.layer_by_layer && !cuda && f.block != plan.retain_block;
+    return !f.pieces.empty() && opt.layer_by_layer && caps().layer_by_layer && f.block != plan.retain_block;
   }
   Status timed_wait(const Fetch& f) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -694,15 +652,12 @@ struct Executor::Impl {
       used_bytes += f.bytes - f.skip;
       if (b == plan.retain_block && !f.resident) retained_valid = true;
     }
-    if (cuda && f.bytes > 0) {
-      const bool managed = f.resident ? kept->kind() == MemoryKind::kManaged : ring->kind() == MemoryKind::kManaged;
-      if (managed) gpu_prefetch(f.at, f.bytes);
-    }
+    if (f.bytes > 0) backend->hand_over(f.resident ? kept->kind() : ring->kind(), f.at, f.bytes);
     return f;
   }
   // The oldest ring entry goes now (the block failed or was never run).
   void ring_pop_now() {
-    if (cuda) reclaim(true);
+    backend->reclaim(*ring, true);
     ring->pop();
   }
 };
@@ -799,38 +754,11 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk));
   Impl& m = *impl;
   m.opt = options;
-  if (options.device == ExecutorOptions::Device::kCUDA) {
-    require_cuda(image);
-    if (options.memory == MemoryKind::kHost) {
-      throw Error(image + ": --device cuda needs memory the GPU can read in place (managed), not host memory");
-    }
-    m.cuda = true;
-    m.device = c10::Device(c10::DeviceType::CUDA, 0);
-    if (!cuda_device().concurrent_managed_access && m.opt.memory == MemoryKind::kManaged) {
-      // Integrated GPUs (Jetson): the host may not touch managed memory while any kernel runs,
-      // and the reader DMAs and checksums the next blocks while one computes. Pinned host memory
-      // mapped for the GPU is the same DRAM there and has no such rule.
-      log_once(LogLevel::kInfo, "cuda_integrated",
-               "GPU without concurrent managed access (" + cuda_device().name +
-                   "): blocks go to pinned host memory registered with CUDA, so reads can overlap kernels");
-      m.opt.memory = MemoryKind::kRegistered;
-    }
-    if (m.opt.memory == MemoryKind::kManaged && gpu_handover_may_lose_reads() &&
-        m.opt.verify != ExecutorOptions::Verify::kAlways) {
-      // Note [Managed memory on a discrete GPU] (cuda_shim.cpp): under "prefetch" and "none" a
-      // block read next to pages that migrate lost its data on an H100. The first fetch's
-      // checksums caught every loss seen, but nothing makes a later fetch safe: every fetch is
-      // checked (a failed inference, never a wrong output), and the user is told why it is slower.
-      log_once(LogLevel::kWarn, "gpu_handover_unsafe",
-               "SWAPNET_GPU_PREFETCH (prefetch or none) lost blocks read into managed memory on an H100; on this GPU (" +
-                   cuda_device().name +
-                   ") every block's checksum is verified at every fetch, not only the first (unset it for the safe default, host)");
-      m.opt.verify = ExecutorOptions::Verify::kAlways;
-    }
-  }
+  if (options.device == ExecutorOptions::Device::kCUDA) m.backend = make_cuda_backend(image);
+  m.backend->configure(image, &m.opt);
   if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
   m.cross_inference = options.read_ahead != ReadAhead::kPaper;
-  if (m.opt.lend && !m.cuda && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
+  if (m.opt.lend && m.caps().meters_activations && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
     // Its activation figures are the bytes live alone; as a zone places them they may need more
     // (Note [Lending the activation reserve]), so the zone could not hold them within the budget.
     log(LogLevel::kWarn, image + ": packed in image format " + std::to_string(m.info.version) +
@@ -865,23 +793,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
     ro.trace_group = m.tgroup;
   }
   BlockReader::open(image, ro, &m.reader).throw_if_error();
-  if (m.cuda) {
-    // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
-    // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
-    // memory registered with CUDA instead.
-    const std::uint64_t probe = std::min<std::uint64_t>(kImageAlign, m.info.data_size);
-    auto probe_ring = BlockRing::create(kImageAlign, m.opt.memory);
-    Status st = probe == 0 ? Status() : m.reader->read(m.info.layers.front().offset, probe, probe_ring->base());
-    if (!st.ok() && probe_ring->kind() == MemoryKind::kManaged && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
-      log_once(LogLevel::kWarn, "cuda_registered",
-               image + ": the block reader refused managed memory (" + st.message() +
-                   "); blocks go to pinned host memory registered with CUDA (cudaHostRegister) instead");
-      m.opt.memory = MemoryKind::kRegistered;
-      probe_ring = BlockRing::create(kImageAlign, m.opt.memory);
-      st = m.reader->read(m.info.layers.front().offset, probe, probe_ring->base());
-    }
-    if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
-  }
+  m.backend->check_reads(image, *m.reader, m.info, &m.opt);
   m.verified.assign(m.info.layers.size(), false);
   m.learner->restart(CostLearner::io_count(*m.reader));
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
@@ -897,7 +809,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   using Ms = std::chrono::duration<double, std::milli>;
   const auto t0 = std::chrono::steady_clock::now();
   m.drain();
-  m.gpu_idle();
+  m.backend->idle(m.ring.get());
   const auto t_drained = std::chrono::steady_clock::now();
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
@@ -948,8 +860,8 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
     }
     m.pinned_need = need;
     char* pinned_at = nullptr;  // CPU address of the pinned slots
-    if (m.cuda) {
-      m.pinned_gpu = Arena::create(need, m.opt.memory);
+    m.pinned_gpu = m.backend->pinned_arena(need, m.opt.memory);
+    if (m.pinned_gpu) {
       pinned_at = static_cast<char*>(m.pinned_gpu->place(false, need));
     } else {
       m.pinned_buf = alloc_aligned(need);
@@ -974,16 +886,16 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
       char* dst = pinned_at + at[i];
       std::memcpy(dst, static_cast<char*>(scratch) + (t.offset - L.offset), t.nbytes);
       const SlotInfo& sl = m.sk.slots()[m.pinned[i]];
-      void* view = m.pinned_gpu ? m.dev(*m.pinned_gpu, dst) : dst;
+      void* view = m.pinned_gpu ? m.backend->address(*m.pinned_gpu, dst) : dst;
       m.pinned_views.push_back(
           at::for_blob(view, sl.sizes)
               .strides(sl.strides)
-              .options(at::TensorOptions().dtype(sl.dtype).device(m.device))
-              .target_device(m.device)
+              .options(at::TensorOptions().dtype(sl.dtype).device(m.backend->device()))
+              .target_device(m.backend->device())
               .make_tensor());
     }
     free_aligned(scratch);
-    if (m.pinned_gpu && m.pinned_gpu->kind() == MemoryKind::kManaged) gpu_prefetch(pinned_at, need);
+    if (m.pinned_gpu) m.backend->hand_over(m.pinned_gpu->kind(), pinned_at, need);
     m.rebind_pinned();
   }
   log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
@@ -1144,7 +1056,7 @@ void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
 // Before an inference whose input no profile covers: weights planned at their least, activations
 // allowed the rest of the budget, the allocator refusing past it (Note [Dynamic shapes]).
 void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::vector<c10::IValue>& inputs) {
-  InputMeter::Measurement ms = m.meter.prepare(std::move(in), inputs, m.cuda, m.opt.budget, m.weights_min,
+  InputMeter::Measurement ms = m.meter.prepare(std::move(in), inputs, !m.caps().meters_activations, m.opt.budget, m.weights_min,
                                                m.info.activation_bytes, [&] { return m.inference_account(); });
   {
     // No zone while measuring: the allowance is all the budget leaves, past it the account refuses.
@@ -1218,7 +1130,7 @@ constexpr double kReplanGain = 0.02;
 namespace {
 
 bool learns(const Executor::Impl& m) {
-  return m.opt.learn_after > 0 && !m.cuda && !m.fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
+  return m.opt.learn_after > 0 && m.caps().learns && !m.fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
 }
 
 }  // namespace
@@ -1444,11 +1356,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
     std::vector<ImageInput> in = describe_inputs(inputs);
     if (!m.meter.covers(in)) start_measuring(m, std::move(in), inputs);
   }
-  if (m.cuda) {
-    for (auto& v : inputs) {
-      if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(m.device);
-    }
-  }
+  m.backend->place_inputs(&inputs);
   std::uint64_t inputs_outside = 0;
   for (const auto& v : inputs) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_cpu()) inputs_outside += v.toTensor().nbytes();
@@ -1497,12 +1405,12 @@ bool Executor::step(int stop_before) {
         m.cur_fetch = m.take(b);
         m.cur_from_fetch = true;
         char* at = m.cur_fetch.bytes == 0 ? m.cur_fetch.at
-                   : m.cur_fetch.resident     ? m.dev(*m.kept, m.cur_fetch.at)
-                                              : m.dev(*m.ring, m.cur_fetch.at);
+                   : m.cur_fetch.resident     ? m.backend->address(*m.kept, m.cur_fetch.at)
+                                              : m.backend->address(*m.ring, m.cur_fetch.at);
         m.bind_range(m.cur_fetch.first, last, at);
         if (m.cur_fetch.resident && m.cur_fetch.first == first) m.kept_state[b] = Impl::Kept::kLoaded;
         m.rebind_pinned();
-        if (!m.cuda) m.pump();  // the CPU computes now: queue what fits before it does
+        if (!m.caps().async) m.pump();  // the CPU computes now: queue what fits before it does
       }
       m.bound = true;
     }
@@ -1553,7 +1461,7 @@ bool Executor::step(int stop_before) {
       // the layer that ended was the last in the way of (the zone its activations needed is free
       // now), also inside a resident block or one read whole (Note [Lending the activation
       // reserve]).
-      const bool lending = m.lender.lends() && !m.cuda && m.run->next_layer() <= last;
+      const bool lending = m.lender.lends() && m.caps().meters_activations && m.run->next_layer() <= last;
       if (n_back > 0 || lending) {
         const std::uint64_t pushed = m.fetch_order;
         m.pump();
@@ -1568,12 +1476,10 @@ bool Executor::step(int stop_before) {
     if (m.cur_from_fetch && !m.cur_fetch.resident && m.cur_fetch.bytes > 0) {
       m.sk.unbind_layers(m.cur_fetch.first, last);
       m.rebind_pinned();
-      if (m.cuda) {
-        m.gpu_pending.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
-        m.gpu_pending.back()->record(m.stream());
+      m.backend->block_done(*m.ring);
+      if (m.caps().async) {
         m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
       } else {
-        m.ring->pop();
         m.trace_memory();
       }
     } else if (m.cur_from_fetch && m.cur_fetch.resident && m.kept_state[b] != Impl::Kept::kLoaded) {
@@ -1677,7 +1583,7 @@ void Executor::abort() {
   // dropped; resident blocks read whole and pinned slots stay bound.
   try {
     m.drain();
-    m.gpu_idle();
+    m.backend->idle(m.ring.get());
   } catch (const std::exception& e) {  // keep the first error; the GPU's is logged
     log(LogLevel::kError, m.path + ": waiting for the GPU after an error failed: " + e.what());
   }
@@ -1750,7 +1656,7 @@ bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) 
 bool Executor::shed(std::uint64_t budget) {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  if (m.cuda || m.released || m.shed_pending || m.plan.total() <= budget) return false;
+  if (!m.caps().sheds || m.released || m.shed_pending || m.plan.total() <= budget) return false;
   const auto t0 = std::chrono::steady_clock::now();
   // What the running layer reads: its own bytes and those of the layers in its block owning
   // weights it uses (weights owned outside its block are pinned).
@@ -1888,7 +1794,7 @@ WeightMemory Executor::weight_memory() const {
   w.peak = m.weight_peak;
   if (m.released) return w;
   w.held = m.shed_pending ? m.shed_held : (m.ring ? m.ring->kept() + m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need;
-  if (!m.cuda) {
+  if (m.caps().host_pages) {
     if (m.ring) w.resident_pages += resident_bytes_of(m.ring->kept_begin(), m.ring->kept() + m.ring->capacity());
     if (m.kept) w.resident_pages += resident_bytes_of(m.kept->base(), m.kept->capacity());
     w.resident_pages += resident_bytes_of(m.pinned_buf, m.pinned_need);
@@ -1923,7 +1829,7 @@ void release_all(Executor::Impl& m) {
   m.bound = false;
   try {
     m.drain();
-    m.gpu_idle();
+    m.backend->idle(m.ring.get());
   } catch (const std::exception& e) {
     log(LogLevel::kError, m.path + ": waiting for the GPU before releasing failed: " + e.what());
   }

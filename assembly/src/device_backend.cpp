@@ -1,0 +1,166 @@
+// Where layers run: the host and CUDA backends (device_backend.h).
+#include "device_backend.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cerrno>
+#include <chrono>
+#include <deque>
+#include <thread>
+
+namespace swapnet {
+
+// Note [Device backends]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The executor's pipeline is one: the cursor reads blocks ahead into the ring, a block is bound
+// by reference where it landed, its layers run, its ring space goes. A device changes four
+// things, and only these: the device its tensors are made on (views of the ring's bytes, the
+// pinned slots, the inputs), the hand-over of a landed block to the device (managed memory is
+// prefetched to the GPU), when a swapped block's ring space may go (a GPU's kernels run after
+// the calling thread queued them: an event recorded behind them says when; the host's are done
+// when the layer returns), and waiting for the device before the ring changes. What a backend
+// cannot do follows from that and is stated in its Caps: the CUDA backend's layers do not run
+// on the calling thread, so it cannot time them (no costs learned), run them as their bytes land
+// or shed the bytes a running layer does not read; its activations live in PyTorch's caching
+// allocator, which the CPU meter does not count, so new input shapes are refused and the
+// activation reserve is not lent. Each of these is a capability a CUDA backend can gain (CUDA
+// events to time layers, a stream wait per piece to run them as they land) without the pipeline
+// changing: issue 47.
+//
+// Note [Swapping onto the GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With ExecutorOptions::Device::kCUDA the arena is managed memory: the reader DMAs a block
+// into it, and the same bytes are bound as CUDA tensors (no copy). On discrete GPUs
+// (concurrentManagedAccess) the block is prefetched to the GPU once read; on integrated GPUs
+// (Jetson: no concurrent managed access, so the host may not touch managed memory while any
+// kernel runs, and the reader writes and checksums block i+1 while block i computes) the arena
+// is pinned host memory registered with CUDA instead: the same DRAM, readable in place, and
+// without that rule. Kernels run asynchronously, so an arena end may only be
+// refilled once the kernels reading its previous block are done: after a block's layers are
+// queued, an event is recorded for its end, and the read into that end waits for it. The order
+// per block is therefore: wait for its read, bind, queue its kernels, then submit the next read
+// (which waits for the block before, two back) — the read of block i+1 still overlaps the
+// kernels of block i. The first block of an inference waits for both ends: the previous
+// inference's last block may still be computing at the other one. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
+// with a one-page read at open), the arena is host memory pinned with cudaHostRegister instead.
+// Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
+// bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
+namespace {
+
+class HostBackend final : public DeviceBackend {
+ public:
+  HostBackend() : DeviceBackend(Caps{}, c10::Device(c10::DeviceType::CPU)) {}
+  const char* name() const override { return "host"; }
+  void configure(const std::string&, ExecutorOptions*) override {}
+  void block_done(BlockRing& ring) override { ring.pop(); }
+};
+
+DeviceBackend::Caps cuda_caps() {
+  DeviceBackend::Caps c;
+  c.async = true;
+  c.layer_by_layer = false;
+  c.learns = false;
+  c.sheds = false;
+  c.meters_activations = false;
+  c.host_pages = false;
+  return c;
+}
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend() : DeviceBackend(cuda_caps(), c10::Device(c10::DeviceType::CUDA, 0)) {}
+  const char* name() const override { return "cuda"; }
+
+  void configure(const std::string& image, ExecutorOptions* o) override {
+    if (o->memory == MemoryKind::kHost) {
+      throw Error(image + ": --device cuda needs memory the GPU can read in place (managed), not host memory");
+    }
+    if (!cuda_device().concurrent_managed_access && o->memory == MemoryKind::kManaged) {
+      // Integrated GPUs (Jetson): the host may not touch managed memory while any kernel runs,
+      // and the reader DMAs and checksums the next blocks while one computes. Pinned host memory
+      // mapped for the GPU is the same DRAM there and has no such rule.
+      log_once(LogLevel::kInfo, "cuda_integrated",
+               "GPU without concurrent managed access (" + cuda_device().name +
+                   "): blocks go to pinned host memory registered with CUDA, so reads can overlap kernels");
+      o->memory = MemoryKind::kRegistered;
+    }
+    if (o->memory == MemoryKind::kManaged && gpu_handover_may_lose_reads() &&
+        o->verify != ExecutorOptions::Verify::kAlways) {
+      // Note [Managed memory on a discrete GPU] (cuda_shim.cpp): under "prefetch" and "none" a
+      // block read next to pages that migrate lost its data on an H100. The first fetch's
+      // checksums caught every loss seen, but nothing makes a later fetch safe: every fetch is
+      // checked (a failed inference, never a wrong output), and the user is told why it is slower.
+      log_once(LogLevel::kWarn, "gpu_handover_unsafe",
+               "SWAPNET_GPU_PREFETCH (prefetch or none) lost blocks read into managed memory on an H100; on this GPU (" +
+                   cuda_device().name +
+                   ") every block's checksum is verified at every fetch, not only the first (unset it for the safe default, host)");
+      o->verify = ExecutorOptions::Verify::kAlways;
+    }
+  }
+
+  void check_reads(const std::string& image, BlockReader& reader, const ImageInfo& info, ExecutorOptions* o) override {
+    // Some kernels refuse O_DIRECT reads into managed memory (get_user_pages: EFAULT or
+    // EOPNOTSUPP). Find out with one page before the first inference, and use pinned host
+    // memory registered with CUDA instead.
+    const std::uint64_t probe = std::min<std::uint64_t>(kImageAlign, info.data_size);
+    auto probe_ring = BlockRing::create(kImageAlign, o->memory);
+    Status st = probe == 0 ? Status() : reader.read(info.layers.front().offset, probe, probe_ring->base());
+    if (!st.ok() && probe_ring->kind() == MemoryKind::kManaged && (st.code() == EFAULT || st.code() == EOPNOTSUPP)) {
+      log_once(LogLevel::kWarn, "cuda_registered",
+               image + ": the block reader refused managed memory (" + st.message() +
+                   "); blocks go to pinned host memory registered with CUDA (cudaHostRegister) instead");
+      o->memory = MemoryKind::kRegistered;
+      probe_ring = BlockRing::create(kImageAlign, o->memory);
+      st = reader.read(info.layers.front().offset, probe, probe_ring->base());
+    }
+    if (!st.ok()) throw Error(st.message() + " (reading into " + to_string(probe_ring->kind()) + " memory for the GPU)");
+  }
+
+  std::unique_ptr<Arena> pinned_arena(std::uint64_t bytes, MemoryKind kind) const override {
+    return Arena::create(bytes, kind);
+  }
+  void hand_over(MemoryKind kind, char* at, std::uint64_t bytes) const override {
+    if (kind == MemoryKind::kManaged) gpu_prefetch(at, bytes);
+  }
+  void place_inputs(std::vector<c10::IValue>* inputs) const override {
+    for (auto& v : *inputs) {
+      if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(device());
+    }
+  }
+  void block_done(BlockRing&) override {
+    pending_.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
+    pending_.back()->record(stream());
+  }
+  void reclaim(BlockRing& ring, bool wait, bool one) override {
+    while (!pending_.empty()) {
+      if (!pending_.front()->query()) {
+        if (!wait) return;
+        while (!pending_.front()->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      pending_.pop_front();
+      ring.pop();
+      if (one) return;
+    }
+  }
+  std::size_t pending() const override { return pending_.size(); }
+  void idle(BlockRing* ring) override {
+    if (ring != nullptr) reclaim(*ring, true, false);
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
+  }
+
+ private:
+  c10::Stream stream() const { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device()); }
+  std::deque<std::unique_ptr<c10::Event>> pending_;  // per executed swapped block not yet popped
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_host_backend() { return std::make_unique<HostBackend>(); }
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(const std::string& image) {
+  require_cuda(image);
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace swapnet
