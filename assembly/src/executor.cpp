@@ -45,6 +45,7 @@
 #include "device_backend.h"
 #include "input_meter.h"
 #include "planning.h"
+#include "read_ahead.h"
 #include "zone_lender.h"
 #include "swapnet/assembly.h"
 
@@ -98,38 +99,23 @@ struct Executor::Impl {
   ImageInfo info;
   Skeleton sk;
   ExecutorOptions opt;
-  ExecutionPlan plan;
   std::unique_ptr<BlockReader> reader;
-  std::unique_ptr<BlockRing> ring;   // swapped blocks in flight and executing
-  std::unique_ptr<Arena> kept;       // resident blocks, one after another
-  std::vector<std::uint64_t> kept_at;  // per block: its offset in `kept` (resident blocks)
-  enum class Kept : char { kNone, kLoading, kLoaded };
-  std::vector<Kept> kept_state;        // per block (resident ones)
+  Weights w;                             // the weights in memory for the plan in force (w.plan)
+  std::unique_ptr<BlockCursor> cursor;   // reads them ahead (Note [Read-ahead ring])
   std::unique_ptr<PartitionTable> grid;  // ExecutorOptions::grid_step
-  std::uint64_t grid_reserve = 0;        // budget - capacity the grid was built for
-  std::vector<int> pinned;           // slot indices kept resident
-  void* pinned_buf = nullptr;
-  std::vector<at::Tensor> pinned_views;
-  std::vector<bool> verified;  // per layer: its checksum has passed once since open
+  // The grid's capacity is the budget less the activation reserve in force and the finest
+  // partition's pinned slots (planning_reserve), which no reserve change moves.
+  std::uint64_t finest_pinned = 0;
+  std::uint64_t grid_reserve() const { return info.activation_bytes + finest_pinned; }
   double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
   std::uint64_t bound_tensors = 0;  // tensors bound by it
   bool released = false;        // Executor::release(): nothing held until the next set_budget
-  std::uint64_t kept_bytes = 0;   // resident blocks' arena
-  std::uint64_t pinned_need = 0;  // pinned slots' buffer
-  std::uint64_t weight_peak = 0;  // Executor::weight_memory().peak
-  std::uint64_t used_bytes = 0;   // Executor::bytes_used()
-  bool registered = false;        // the ring is registered with the reader (register_ring)
-  std::uint64_t streamed = 0;     // blocks read streamed (Executor::streamed_blocks)
-  // The ring's kept bytes hold the first plan.retained_bytes of block plan.retain_block, read
-  // whole once since the ring was made (Note [Keeping part of a block] in ring.cpp).
-  bool retained_valid = false;
   // Held by the thread using the executor except while a layer runs, so that shed() (any
   // thread) finds the state between two changes (Note [Shedding]).
   mutable std::recursive_mutex mu;
   int running_layer = -1;         // the layer running now, unlocked (-1: none)
   bool shed_pending = false;      // shed() gave memory back: re-plan before the next layer
   std::uint64_t shed_held = 0;    // what is held since (the running layer's weights, pinned slots)
-  bool cross_inference = true;    // the cursor reads on into the next inference (not kPaper)
 
   // Note [Dynamic shapes] (input_meter.cpp): the inputs the activation reserve
   // (info.activation_bytes) was measured for, and the inference measuring a new one.
@@ -147,76 +133,19 @@ struct Executor::Impl {
     return account;
   }
 
-  // Reads submitted, in cursor order (Note [Read-ahead ring]).
-  struct Fetch {
-    int block = 0;
-    int first = 0, last = 0;     // layers read (first > the block's first: trimmed)
-    std::uint64_t bytes = 0;
-    // Bytes at the start not read (the part kept of plan.retain_block; then `at` is the ring's
-    // kept_begin() and the read lands at its first byte).
-    std::uint64_t skip = 0;
-    char* at = nullptr;          // CPU address of the first layer's bytes
-    BlockReader::Ticket ticket = 0;
-    bool resident = false;       // into `kept`
-    bool next = false;           // for the next inference
-    // A block streamed into ring space older blocks still hold (Note [Streaming into the ring]
-    // in ring.cpp): read in pieces of kPiece bytes, pieces[i] the ticket of piece i once
-    // submitted (0 before); `ticket` stays 0.
-    // A block that fits is read in pieces too (all submitted at once) where its layers may run
-    // as their bytes land (Note [Layer by layer]); `stream` marks the streamed ones.
-    std::vector<BlockReader::Ticket> pieces;
-    bool stream = false;
-    // Its place in the read order: the reader serves lower first (Note [Earliest block first] in
-    // swapcore/src/reader.cpp), so a streamed block's pieces go before blocks pushed past it.
-    std::uint64_t order = 0;
-    bool streamed() const { return stream; }
-    bool reads() const { return ticket != 0 || !pieces.empty(); }
-  };
-  static constexpr std::uint64_t kPiece = kStreamPieceBytes;  // as the planner's simulation
-  static_assert(kPiece % kImageAlign == 0);
-  std::deque<Fetch> fetches;
-  std::uint64_t fetch_order = 0;  // Fetch::order of the newest fetch (fetches pushed so far)
-  // Note [Tracing] (swapcore's trace.cpp): this executor's group in a trace, why the cursor last
-  // stopped (traced when it changes), and when the inference in progress began.
+  // Note [Tracing] (swapcore's trace.cpp): this executor's group in a trace, and when the
+  // inference in progress began.
   std::uint32_t tgroup = 0;
-  static constexpr std::chrono::microseconds kTraceWaitMin{10};  // shorter waits are not traced
-  const char* held_why = nullptr;
-  int held_block = -1;
   TraceClock::time_point inference_t0;
   std::int64_t inferences = 0;
-  // The cursor stopped at block b for `why` (a literal): traced once per change of either.
-  void held(const char* why, int b) {
-    if (!tracing() || (why == held_why && b == held_block)) return;
-    held_why = why;
-    held_block = b;
-    trace_instant(tgroup, TraceLane::kCursor, why, b);
-  }
-  // The weights held now and the blocks lent the activation zone, as trace counters.
-  void trace_memory() {
-    if (!tracing()) return;
-    trace_counter(tgroup, "weights held", static_cast<std::int64_t>((ring ? ring->used() : 0) + kept_bytes + pinned_need));
-    if (ring && ring->lend() > 0) trace_counter(tgroup, "blocks in the zone", static_cast<std::int64_t>(ring->lent_bytes()));
-  }
-  int rd_block = 0;      // the cursor: next block to consider
-  int rd_first = -1;     // its first layer when trimmed (-1: the block's own)
-  bool rd_next = false;  // the cursor is in the next inference
-  // The cursor has come round to the inference after the next (Note [One inference ahead]).
-  bool rd_beyond = false;
 
   // The inference in progress.
   std::unique_ptr<Skeleton::Run> run;
   int cur = 0;         // block executing (or next to execute)
   bool bound = false;  // cur's weights are bound (a step stopped inside it)
-  Fetch cur_fetch;     // what cur was read as (swapped, or a resident block loading)
-  bool cur_from_fetch = false;
-  // cur_fetch.pieces[0, cur_waited) have landed and been waited for; the rest are waited for
-  // layer by layer (Note [Layer by layer]).
-  std::size_t cur_waited = 0;
   // Note [Lending the activation reserve] (zone_lender.cpp).
   ZoneLender lender;
   bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
-  // Note [Layer by layer] counters, since open.
-  double read_wait_seconds = 0;        // the executing thread waiting for bytes to land
   // Note [Learning the costs in service] (cost_learner.cpp): what each inference cost, and the
   // grid being rebuilt for costs learned (Note [A re-plan must gain]).
   std::optional<CostLearner> learner;
@@ -225,60 +154,31 @@ struct Executor::Impl {
   bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
   std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
   std::uint64_t released_early = 0;    // ring bytes given back before their block ended
-  std::uint64_t read_past_streamed = 0;  // blocks pushed while a streamed one waited
   std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
   std::atomic<bool> yield{false};
 
   // Where layers run (Note [Device backends]): the host until open() says otherwise.
   std::unique_ptr<DeviceBackend> backend = make_host_backend();
-  std::unique_ptr<Arena> pinned_gpu;    // pinned slots, where the device reads them
   const DeviceBackend::Caps& caps() const { return backend->caps(); }
 
   std::uint64_t offset(int layer) const { return info.layers[layer].offset; }
   std::uint64_t span(int first, int last) const {
     return info.layers[last].offset + info.layers[last].size - info.layers[first].offset;
   }
-  // The checks a read of layers [first, last] must make under the verify policy.
-  std::vector<BlockReader::Check> checks_for(int first, int last) const {
-    std::vector<BlockReader::Check> c;
-    if (opt.verify == ExecutorOptions::Verify::kNever) return c;
-    for (int k = first; k <= last; ++k) {
-      const ImageLayer& L = info.layers[k];
-      if (L.size == 0 || (opt.verify == ExecutorOptions::Verify::kFirst && verified[k])) continue;
-      c.push_back({L.offset, L.size, L.checksum, "layer " + std::to_string(k) + " (" + L.name + ")"});
-    }
-    return c;
-  }
-  void mark_verified(int first, int last) {
-    for (int k = first; k <= last; ++k) verified[k] = true;
-  }
-  // Weights in use now: blocks in the ring, resident blocks, pinned slots (blocks lent the
-  // activation zone apart: the zone is the activation reserve's).
-  void note_in_use() {
-    if (!ring && !kept) return;
-    weight_peak = std::max(weight_peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
-    lender.note_lent(ring.get());
-    trace_memory();
-  }
-
   // Makes the ring's zone the region of the lender's account (Note [Lending the activation
   // reserve] in zone_lender.cpp).
-  void attach_zone() { lender.attach(ring.get(), meter.measuring(), run ? run->next_layer() : 0); }
+  void attach_zone() { lender.attach(w.ring.get(), meter.measuring(), run ? run->next_layer() : 0); }
   // The ring goes (a new plan, or release): the zone's holes and the ring's pages go back now;
   // activations of the inference in progress may live in the zone, and its live chunks keep
   // their pages until the last is freed.
   void drop_ring() {
-    lender.drop(ring.get());
-    ring.reset();
-  }
-  // Where a block of fetch `f` may end, as an offset from the ring's base.
-  std::uint64_t ring_limit(const Fetch& f) const {
-    return lender.ring_limit(*ring, run ? run->next_layer() : -1, f.last, f.next);
+    lender.drop(w.ring.get());
+    w.ring.reset();
   }
   // The first layer a read of block b from layer k must start at: the lowest layer in the block
   // that owns a weight read by layers k.. of it (weights shared within a block are not pinned).
   int first_needed(int b, int k) const {
-    const auto [first, last] = plan.blocks[b];
+    const auto [first, last] = w.plan.blocks[b];
     int f = k;
     for (int l = k; l <= last; ++l) {
       for (int s : sk.layers()[l].used_slots) {
@@ -291,18 +191,12 @@ struct Executor::Impl {
 
   // Registers the ring with the reader (Note above adopt) if it is not, and the reader is idle.
   void register_ring() {
-    if (registered || !ring || shed_pending) return;  // registering maps (zero-fills) every page
-    if (ring->kind() == MemoryKind::kManaged) {
-      registered = true;  // io_uring cannot pin CUDA managed memory (EFAULT on the H100): unregistered reads
+    if (w.registered || !w.ring || shed_pending) return;  // registering maps (zero-fills) every page
+    if (w.ring->kind() == MemoryKind::kManaged) {
+      w.registered = true;  // io_uring cannot pin CUDA managed memory (EFAULT on the H100): unregistered reads
       return;
     }
-    registered = reader->register_buffers({{ring->kept_begin(), ring->kept() + ring->capacity()}});
-  }
-
-  // Where weightless blocks' views point (they have no bytes, but need an address).
-  static char* zero_page() {
-    alignas(4096) static char page[4096];
-    return page;
+    w.registered = reader->register_buffers({{w.ring->kept_begin(), w.ring->kept() + w.ring->capacity()}});
   }
 
   Impl(std::string p, ImageInfo i, Skeleton s)
@@ -310,27 +204,27 @@ struct Executor::Impl {
   ~Impl() {
     try {
       drain();
-      backend->idle(ring.get());
+      backend->idle(w.ring.get());
     } catch (...) {  // a failing GPU at teardown: nothing left to protect
     }
     run.reset();  // its activations go back to their account first
     lender.detach();
-    ring.reset();
+    w.ring.reset();
     if (own_account != 0) detail::release_cpu_account(own_account);  // when nothing is charged to it
-    free_aligned(pinned_buf);
+    free_aligned(w.pinned_buf);
   }
 
   // Frees the pinned slots' buffer (their views are dropped first).
   void drop_pinned() {
-    pinned.clear();
-    pinned_views.clear();
-    free_aligned(pinned_buf);
-    pinned_buf = nullptr;
-    pinned_gpu.reset();
-    pinned_need = 0;
+    w.pinned.clear();
+    w.pinned_views.clear();
+    free_aligned(w.pinned_buf);
+    w.pinned_buf = nullptr;
+    w.pinned_gpu.reset();
+    w.pinned_need = 0;
   }
   void rebind_pinned() {
-    for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
+    for (size_t i = 0; i < w.pinned.size(); ++i) sk.bind_slot(w.pinned[i], w.pinned_views[i]);
   }
   void bind_range(int first, int last, char* at) {
     auto t0 = std::chrono::steady_clock::now();
@@ -340,325 +234,25 @@ struct Executor::Impl {
   }
   // Binds every resident block read whole.
   void bind_loaded() {
-    for (size_t b = 0; b < plan.blocks.size(); ++b) {
-      if (plan.resident[b] && kept_state[b] == Kept::kLoaded) {
-        char* at = plan.block_bytes[b] > 0 ? backend->address(*kept, kept->base() + kept_at[b]) : zero_page();
-        sk.bind_layers(plan.blocks[b].first, plan.blocks[b].second, at, offset(plan.blocks[b].first), backend->device());
+    for (size_t b = 0; b < w.plan.blocks.size(); ++b) {
+      if (w.plan.resident[b] && w.kept_state[b] == Weights::Kept::kLoaded) {
+        char* at = w.plan.block_bytes[b] > 0 ? backend->address(*w.kept, w.kept->base() + w.kept_at[b]) : zero_page();
+        sk.bind_layers(w.plan.blocks[b].first, w.plan.blocks[b].second, at, offset(w.plan.blocks[b].first), backend->device());
       }
     }
     rebind_pinned();
   }
 
-  // ---- the reader's cursor ----
-  // Note [One inference ahead]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // The cursor reads on into the next inference up to the block executing (`cur`). After the
-  // last block ran and before finish(), `cur` is the number of blocks, and the cursor went on
-  // past the next inference's last block into the one after, pushing those blocks too: held
-  // through a whole inference more than the zone's leases were looked up for (window_lease
-  // counts a block of the next inference as held until its own last layer). fcn_resnet101 at
-  // 246,413,715 bytes in serve (Runtime, the budget grid's plan of 170 blocks, most of them of
-  // 8-36 KiB) held the next-but-one inference's first blocks 13-19 MiB into its 32 MiB zone
-  // while its head's activations needed 14-26 MiB there: 15-20 activations per inference found
-  // no room and went outside the zone, 10 MB over the budget (over_budget in 8 of 15
-  // inferences). The cursor now stops where it comes round the second time; finish() makes
-  // that the next inference's first block.
-  void advance() {
-    rd_first = -1;
-    if (++rd_block == static_cast<int>(plan.blocks.size())) {
-      rd_block = 0;
-      if (rd_next) rd_beyond = true;
-      rd_next = true;
-    }
-  }
-  // Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
-  // for the kernels of executed blocks but the newest (which may be running now) to free space.
-  void pump(bool may_wait = false) {
-    try {
-      pump_reads(may_wait);
-    } catch (...) {
-      lender.sync(run ? run->next_layer() : 0);
-      throw;
-    }
-    lender.sync(run ? run->next_layer() : 0);  // the zone's floor follows the blocks held
-  }
-  void pump_reads(bool may_wait) {
-    if (released || shed_pending || plan.blocks.empty()) return;
-    // A streamed block's pieces whose bytes are free now; blocks that overlap nothing held may
-    // still go after it (Note [Streaming into the ring]).
-    bool streaming = false;
-    for (Fetch& f : fetches) {
-      if (f.streamed() && !stream_pieces(f)) streaming = true;
-    }
-    if (streaming && !opt.read_past_streamed) return held("held: a block streams", rd_block);
-    const int n = static_cast<int>(plan.blocks.size());
-    for (int guard = 0; guard < 2 * n + 2; ++guard) {
-      if (rd_beyond || (rd_next && (!cross_inference || rd_block >= cur))) {
-        return held("held: an inference ahead", rd_block);
-      }
-      const int b = rd_block;
-      const auto [bf, bl] = plan.blocks[b];
-      const int first = rd_first >= 0 ? rd_first : bf;
-      Fetch f;
-      f.block = b;
-      f.first = first;
-      f.last = bl;
-      f.bytes = span(first, bl);
-      f.next = rd_next;
-      f.order = fetch_order + 1;
-      if (plan.resident[b]) {
-        if (kept_state[b] != Kept::kNone) {
-          advance();
-          continue;
-        }
-        f.resident = true;
-        f.at = f.bytes > 0 ? kept->base() + kept_at[b] + (offset(first) - offset(bf)) : zero_page();
-        if (first == bf) kept_state[b] = Kept::kLoading;
-      } else if (f.bytes > 0) {
-        // The block kept in part (Note [Keeping part of a block]): read from its first layer
-        // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
-        // until that has been done once, or when its checksums are to be verified.
-        const bool keeps = b == plan.retain_block;
-        std::uint64_t kept = 0;
-        if (keeps) {
-          f.first = bf;
-          f.bytes = span(bf, bl);
-          kept = plan.retained_bytes;
-          f.skip = retained_valid && checks_for(bf, bl).empty() ? kept : 0;
-        }
-        backend->reclaim(*ring, false);
-        while (may_wait && !ring->fits(f.bytes) && backend->pending() > 1) backend->reclaim(*ring, true, true);
-        char* at = static_cast<char*>(keeps ? ring->push_first(f.bytes - kept) : ring->push(f.bytes, ring_limit(f)));
-        if (at == nullptr) {
-          // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
-          // their bytes. Not with checksums to verify (they need the layer whole in one read).
-          if (!opt.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) {
-            return held(!keeps && ring->lend() > 0 && ring->fits(f.bytes, ring->capacity() + ring->lend())
-                            ? "held: activations' zone"
-                            : "held: no room",
-                        b);
-          }
-          at = static_cast<char*>(keeps ? ring->push_first_streamed(f.bytes - kept)
-                                        : ring->push_streamed(f.bytes, ring_limit(f)));
-          if (at == nullptr) {
-            return held(ring->streaming()                                             ? "held: a block streams"
-                        : !keeps && ring->lend() > 0 && ring->fits(f.bytes, ring->capacity() + ring->lend())
-                            ? "held: activations' zone"
-                            : "held: no room to stream",
-                        b);
-          }
-          f.at = at - kept;
-          f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
-          f.stream = true;
-          ++streamed;
-          trace_submitted(f);
-          fetch_order = f.order;
-          fetches.push_back(std::move(f));
-          streaming = !stream_pieces(fetches.back());
-          note_in_use();
-          advance();
-          if (streaming && !opt.read_past_streamed) return;
-          continue;  // blocks that overlap nothing held may follow it
-        }
-        f.at = at - kept;
-        if (streaming) ++read_past_streamed;
-      }
-      if (f.bytes > 0 && layer_by_layer(f)) {
-        // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
-        f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
-        for (size_t i = 0; i < f.pieces.size(); ++i) {
-          const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
-          f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at, {}, f.order);
-        }
-      } else if (f.bytes > 0) {
-        f.ticket = reader->submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
-                                  f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl), f.order);
-      } else {
-        f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
-      }
-      trace_submitted(f);
-      fetch_order = f.order;
-      fetches.push_back(f);
-      note_in_use();
-      advance();
-    }
-  }
-  // A fetch was queued: traced as "read block b" (its reads are named by f.order).
-  void trace_submitted(const Fetch& f) {
-    if (!tracing()) return;
-    held_why = nullptr;
-    trace_instant(tgroup, TraceLane::kCursor, f.streamed() ? "stream block" : "read block", f.block, "order",
-                  static_cast<std::int64_t>(f.order));
-  }
-  // Submits the pieces of a streamed fetch whose ring bytes no older block holds now; whether
-  // every piece is submitted.
-  bool stream_pieces(Fetch& f) {
-    bool all = true;
-    for (size_t i = 0; i < f.pieces.size(); ++i) {
-      if (f.pieces[i] != 0) continue;
-      const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
-      if (!ring->range_free(f.at + at, len)) {
-        all = false;
-        continue;
-      }
-      f.pieces[i] = reader->submit(offset(f.first) + at, len, f.at + at, {}, f.order);
-    }
-    return all;
-  }
-  // Cancels a fetch's reads (pieces not submitted yet: never will be).
-  void cancel_reads(const Fetch& f) {
-    if (f.ticket) reader->cancel(f.ticket);
-    for (auto t : f.pieces) {
-      if (t) reader->cancel(t);
-    }
-  }
-  // Waits for a fetch's reads: the first error, else ok. Every piece is waited for.
-  Status wait_reads(const Fetch& f) {
-    Status st;
-    if (f.ticket) st = reader->wait(f.ticket);
-    for (auto t : f.pieces) {
-      if (!t) continue;
-      Status s = reader->wait(t);
-      if (st.ok() && !s.ok()) st = s;
-    }
-    return st;
-  }
-  // Bytes of a fetch not landed yet (pieces not submitted: all of theirs); false when `wait` is
-  // false and the reader's lock is busy.
-  bool unlanded(const Fetch& f, bool wait, std::uint64_t* out) const {
-    std::uint64_t n = 0;
-    auto one = [&](BlockReader::Ticket t, std::uint64_t bytes) {
-      if (!t) {
-        n += bytes;
-        return true;
-      }
-      if (wait) {
-        n += reader->unlanded_bytes(t);
-        return true;
-      }
-      std::uint64_t u = 0;
-      if (!reader->try_unlanded_bytes(t, &u)) return false;
-      n += u;
-      return true;
-    };
-    if (f.ticket && !one(f.ticket, f.bytes - f.skip)) return false;
-    for (size_t i = 0; i < f.pieces.size(); ++i) {
-      if (!one(f.pieces[i], std::min(kPiece, f.bytes - f.skip - i * kPiece))) return false;
-    }
-    *out = n;
-    return true;
-  }
-  // Cancels every read submitted and waits for the pieces already issued; releases the ring's
-  // blocks. Resident blocks read whole stay.
+  // The cursor's view of where the inference is.
+  BlockCursor::Position pos() const { return {cur, run ? run->next_layer() : -1, released || shed_pending}; }
+  // Submits every read the ring (and the cursor's limits) allow now (Note [Read-ahead ring]).
+  void pump(bool may_wait = false) { cursor->pump(pos(), may_wait); }
   void drain() {
-    cancel_cur_pieces();
-    for (auto& f : fetches) cancel_reads(f);
-    for (auto& f : fetches) {
-      (void)wait_reads(f);
-      if (f.resident && f.first == plan.blocks[f.block].first) kept_state[f.block] = Kept::kNone;
-    }
-    fetches.clear();
-    if (ring) backend->reclaim(*ring, true);
-    if (ring) ring->clear();
-    rd_block = 0;
-    rd_first = -1;
-    rd_next = false;
-    rd_beyond = false;
+    if (cursor) cursor->drain();
   }
-  // Note [Layer by layer]
-  // ~~~~~~~~~~~~~~~~~~~~~
-  // A block's layers run in the order their bytes lie in it, and the memory bound a plan is
-  // judged by (partitioner's memory_bound_ms) is layer-granular: a layer may start once its own
-  // weights are in, and its bytes may be reused once it has run. The executor used to be
-  // block-granular on both ends: a block ran only when all of it had landed (the disk's last
-  // megabytes of a 20 MB block stalled its first layer), and its ring bytes were free only after
-  // its last layer (with a ring of one large block the next block's pieces waited for that). On
-  // host memory it now reads a block that fits in pieces of kPiece bytes too, waits before each
-  // layer only for the pieces that hold it (and the layers before it in the block, whose
-  // weights it may share), and after each layer gives the ring back the bytes before the lowest
-  // layer the rest of the block still reads (BlockRing::release_front_until), so a block
-  // streaming over it reads on while it computes. Not with checksums to verify (a layer's
-  // checksum needs it in one read: the first inference under --verify first reads whole), not
-  // for the block kept in part, not on the GPU (kernels run ahead of this thread). Pieces of
-  // the executing block not yet waited for are cancelled and waited for wherever reads are
-  // (drain, shed, an error).
-  bool layer_by_layer(const Fetch& f) const {
-    return opt.layer_by_layer && caps().layer_by_layer && ring && ring->deep() && !f.resident && f.block != plan.retain_block &&
-           f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
-  }
-  // Whether a fetch's layers run as its pieces land (streamed ones too).
-  bool runs_by_layer(const Fetch& f) const {
-    return !f.pieces.empty() && opt.layer_by_layer && caps().layer_by_layer && f.block != plan.retain_block;
-  }
-  Status timed_wait(const Fetch& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st = wait_reads(f);
-    const auto t1 = std::chrono::steady_clock::now();
-    read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-    if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
-    return st;
-  }
-  // Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; cur_waited counts
-  // them. The first error, else ok.
-  Status wait_pieces(const Fetch& f, int k) {
-    const std::uint64_t end = offset(k) + info.layers[k].size - offset(f.first);
-    const std::size_t need = end <= f.skip ? 0 : std::min<std::size_t>(f.pieces.size(), (end - f.skip + kPiece - 1) / kPiece);
-    if (cur_waited >= need) return Status();
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st;
-    for (; cur_waited < need; ++cur_waited) {
-      Status s = reader->wait(f.pieces[cur_waited]);
-      if (st.ok() && !s.ok()) st = s;
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-    if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
-    return st;
-  }
-  // Cancels and waits for the pieces of `f` not waited for yet (f.pieces[cur_waited..]).
-  void cancel_pieces_left(const Fetch& f) {
-    for (std::size_t i = cur_waited; i < f.pieces.size(); ++i) reader->cancel(f.pieces[i]);
-    for (; cur_waited < f.pieces.size(); ++cur_waited) (void)reader->wait(f.pieces[cur_waited]);
-  }
-  // The same for the executing block.
-  void cancel_cur_pieces() {
-    if (cur_from_fetch) cancel_pieces_left(cur_fetch);
-  }
-
-  // Waits for the front fetch, which must be block `b` of this inference.
-  Fetch take(int b) {
-    if (fetches.empty()) pump(true);  // GPU: its space may have waited for kernels to finish
-    if (fetches.empty() || fetches.front().block != b || fetches.front().next) {
-      throw Error(path + ": internal: block " + std::to_string(b) + " was not read ahead in order");
-    }
-    if (fetches.front().streamed() && !stream_pieces(fetches.front())) {
-      throw Error(path + ": internal: block " + std::to_string(b) + " streamed while older blocks hold its bytes");
-    }
-    Fetch f = fetches.front();
-    fetches.pop_front();
-    cur_waited = 0;
-    if (f.reads()) {
-      // In pieces: only its first layer's bytes now, the rest layer by layer (step()).
-      const bool by_layer = runs_by_layer(f);
-      Status st = by_layer ? wait_pieces(f, f.first) : timed_wait(f);
-      if (!by_layer) cur_waited = f.pieces.size();
-      if (!st.ok()) {
-        cancel_pieces_left(f);  // the pieces after a failed one may still be in flight
-        if (f.resident && kept_state[b] == Kept::kLoading) kept_state[b] = Kept::kNone;
-        if (!f.resident) ring_pop_now();
-        throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(plan.blocks.size()) + ")");
-      }
-      mark_verified(f.first, f.last);
-      used_bytes += f.bytes - f.skip;
-      if (b == plan.retain_block && !f.resident) retained_valid = true;
-    }
-    if (f.bytes > 0) backend->hand_over(f.resident ? kept->kind() : ring->kind(), f.at, f.bytes);
-    return f;
-  }
-  // The oldest ring entry goes now (the block failed or was never run).
-  void ring_pop_now() {
-    backend->reclaim(*ring, true);
-    ring->pop();
+  void note_in_use() {
+    w.note_in_use(tgroup);
+    lender.note_lent(w.ring.get());
   }
 };
 
@@ -757,7 +351,6 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   if (options.device == ExecutorOptions::Device::kCUDA) m.backend = make_cuda_backend(image);
   m.backend->configure(image, &m.opt);
   if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
-  m.cross_inference = options.read_ahead != ReadAhead::kPaper;
   if (m.opt.lend && m.caps().meters_activations && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
     // Its activation figures are the bytes live alone; as a zone places them they may need more
     // (Note [Lending the activation reserve]), so the zone could not hold them within the budget.
@@ -794,10 +387,15 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   }
   BlockReader::open(image, ro, &m.reader).throw_if_error();
   m.backend->check_reads(image, *m.reader, m.info, &m.opt);
-  m.verified.assign(m.info.layers.size(), false);
+  m.cursor = std::make_unique<BlockCursor>(
+      image, m.info,
+      BlockCursor::Config{m.opt.verify, m.opt.stream, m.opt.read_past_streamed, m.opt.layer_by_layer,
+                          options.read_ahead != ReadAhead::kPaper},
+      m.w, *m.reader, *m.backend, m.lender);
+  m.cursor->set_trace_group(m.tgroup);
   m.learner->restart(CostLearner::io_count(*m.reader));
   if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
-    m.grid_reserve = planning_reserve(m.info, m.sk, m.opt);
+    m.finest_pinned = planning_reserve(m.info, m.sk, m.opt) - m.info.activation_bytes;
     m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
                                               partition_options(m.info, m.opt));
   }
@@ -809,13 +407,13 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   using Ms = std::chrono::duration<double, std::milli>;
   const auto t0 = std::chrono::steady_clock::now();
   m.drain();
-  m.backend->idle(m.ring.get());
+  m.backend->idle(m.w.ring.get());
   const auto t_drained = std::chrono::steady_clock::now();
   m.sk.unbind_layers(0, static_cast<int>(m.info.layers.size()) - 1);
   if (!m.reader->register_buffers({})) throw Error(m.path + ": internal: reads in flight after draining");  // unpin
   m.drop_ring();
-  if (m.kept) m.kept->release(false);
-  m.kept.reset();
+  if (m.w.kept) m.w.kept->release(false);
+  m.w.kept.reset();
   m.drop_pinned();
   const auto t_freed = std::chrono::steady_clock::now();
   if (p.arena_bytes > 0) {
@@ -824,58 +422,58 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
                                        p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
                                    ? p.activation_bytes
                                    : 0;
-    m.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);
+    m.w.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);
   }
-  m.retained_valid = false;
-  m.kept_at.assign(p.blocks.size(), 0);
-  m.kept_state.assign(p.blocks.size(), Executor::Impl::Kept::kNone);
+  m.w.retained_valid = false;
+  m.w.kept_at.assign(p.blocks.size(), 0);
+  m.w.kept_state.assign(p.blocks.size(), Weights::Kept::kNone);
   std::uint64_t kept_bytes = 0;
   for (size_t b = 0; b < p.blocks.size(); ++b) {
     if (p.resident[b]) {
-      m.kept_at[b] = kept_bytes;
+      m.w.kept_at[b] = kept_bytes;
       kept_bytes += p.block_bytes[b];
     }
   }
-  m.kept_bytes = kept_bytes;
+  m.w.kept_bytes = kept_bytes;
   if (kept_bytes > 0) {
-    m.kept = Arena::create(kept_bytes, m.opt.memory);
-    if (m.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
+    m.w.kept = Arena::create(kept_bytes, m.opt.memory);
+    if (m.w.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
   }
   // io_uring fixed buffers pin (and map, zero-filling) the pages they cover when registered. The
   // ring is registered once the reader is idle (now between inferences; after a move during
   // one, at the next inference boundary the reader is idle at): a move is not made to wait for
   // the whole new ring to be zero-filled. Resident blocks are read once per plan: not registered.
-  m.registered = false;
+  m.w.registered = false;
   if (!m.run) m.register_ring();
   const auto t_ring = std::chrono::steady_clock::now();
-  m.plan = std::move(p);
+  m.w.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
-  pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.plan.blocks), m.plan.resident, &m.pinned);
-  if (!m.pinned.empty()) {
+  pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.w.plan.blocks), m.w.plan.resident, &m.w.pinned);
+  if (!m.w.pinned.empty()) {
     std::uint64_t need = 0;
     std::vector<std::uint64_t> at;
-    for (int s : m.pinned) {
+    for (int s : m.w.pinned) {
       at.push_back(need);
       need += (m.info.tensors[s].nbytes + 63) / 64 * 64;
     }
-    m.pinned_need = need;
+    m.w.pinned_need = need;
     char* pinned_at = nullptr;  // CPU address of the pinned slots
-    m.pinned_gpu = m.backend->pinned_arena(need, m.opt.memory);
-    if (m.pinned_gpu) {
-      pinned_at = static_cast<char*>(m.pinned_gpu->place(false, need));
+    m.w.pinned_gpu = m.backend->pinned_arena(need, m.opt.memory);
+    if (m.w.pinned_gpu) {
+      pinned_at = static_cast<char*>(m.w.pinned_gpu->place(false, need));
     } else {
-      m.pinned_buf = alloc_aligned(need);
-      pinned_at = static_cast<char*>(m.pinned_buf);
+      m.w.pinned_buf = alloc_aligned(need);
+      pinned_at = static_cast<char*>(m.w.pinned_buf);
     }
     std::uint64_t scratch_len = 0;
-    for (int s : m.pinned) scratch_len = std::max(scratch_len, m.info.layers[m.info.tensors[s].layer].size);
+    for (int s : m.w.pinned) scratch_len = std::max(scratch_len, m.info.layers[m.info.tensors[s].layer].size);
     void* scratch = alloc_aligned(scratch_len);
     if (pinned_at == nullptr || scratch == nullptr) {
       free_aligned(scratch);
       throw Error(m.path + ": cannot allocate " + format_bytes(need) + " for shared weights");
     }
-    for (size_t i = 0; i < m.pinned.size(); ++i) {
-      const ImageTensor& t = m.info.tensors[m.pinned[i]];
+    for (size_t i = 0; i < m.w.pinned.size(); ++i) {
+      const ImageTensor& t = m.info.tensors[m.w.pinned[i]];
       const ImageLayer& L = m.info.layers[t.layer];
       Status s = m.reader->read(L.offset, L.size, scratch, {{L.offset, L.size, L.checksum, "layer " +
                                                              std::to_string(t.layer) + " (" + L.name + ")"}});
@@ -885,9 +483,9 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
       }
       char* dst = pinned_at + at[i];
       std::memcpy(dst, static_cast<char*>(scratch) + (t.offset - L.offset), t.nbytes);
-      const SlotInfo& sl = m.sk.slots()[m.pinned[i]];
-      void* view = m.pinned_gpu ? m.backend->address(*m.pinned_gpu, dst) : dst;
-      m.pinned_views.push_back(
+      const SlotInfo& sl = m.sk.slots()[m.w.pinned[i]];
+      void* view = m.w.pinned_gpu ? m.backend->address(*m.w.pinned_gpu, dst) : dst;
+      m.w.pinned_views.push_back(
           at::for_blob(view, sl.sizes)
               .strides(sl.strides)
               .options(at::TensorOptions().dtype(sl.dtype).device(m.backend->device()))
@@ -895,18 +493,18 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
               .make_tensor());
     }
     free_aligned(scratch);
-    if (m.pinned_gpu) m.backend->hand_over(m.pinned_gpu->kind(), pinned_at, need);
+    if (m.w.pinned_gpu) m.backend->hand_over(m.w.pinned_gpu->kind(), pinned_at, need);
     m.rebind_pinned();
   }
-  log(LogLevel::kInfo, m.path + ": " + std::to_string(m.plan.blocks.size()) + " blocks (" +
-                           std::to_string(std::count(m.plan.resident.begin(), m.plan.resident.end(), 1)) +
-                           " resident, " + format_bytes(m.plan.resident_bytes) + "), ring " +
-                           format_bytes(m.plan.arena_bytes) +
-                           (m.ring ? std::string(" (") + to_string(m.ring->kind()) +
-                                         (m.ring->deep() ? ", deep)" : ", two-ended)")
+  log(LogLevel::kInfo, m.path + ": " + std::to_string(m.w.plan.blocks.size()) + " blocks (" +
+                           std::to_string(std::count(m.w.plan.resident.begin(), m.w.plan.resident.end(), 1)) +
+                           " resident, " + format_bytes(m.w.plan.resident_bytes) + "), ring " +
+                           format_bytes(m.w.plan.arena_bytes) +
+                           (m.w.ring ? std::string(" (") + to_string(m.w.ring->kind()) +
+                                         (m.w.ring->deep() ? ", deep)" : ", two-ended)")
                                    : std::string()) +
-                           ", activations " + format_bytes(m.plan.activation_bytes) + ", pinned " +
-                           format_bytes(m.plan.pinned_bytes));
+                           ", activations " + format_bytes(m.w.plan.activation_bytes) + ", pinned " +
+                           format_bytes(m.w.plan.pinned_bytes));
   const auto t_end = std::chrono::steady_clock::now();
   log(LogLevel::kDebug, m.path + ": plan adopted in " + std::to_string(Ms(t_end - t0).count()) + " ms (reads drained " +
                             std::to_string(Ms(t_drained - t0).count()) + ", memory freed " +
@@ -954,9 +552,9 @@ void give_heap_back(const std::string& path) {
 
 void Executor::set_budget(std::uint64_t bytes) {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  const std::uint64_t before = impl_->released ? 0 : impl_->plan.total();
+  const std::uint64_t before = impl_->released ? 0 : impl_->w.plan.total();
   replan(*impl_, Replan::kBudget, bytes);
-  if (impl_->plan.total() < before) give_heap_back(impl_->path);
+  if (impl_->w.plan.total() < before) give_heap_back(impl_->path);
 }
 
 bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat_ms, double* best_ms) {
@@ -967,13 +565,11 @@ bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat
     // and activations get the rest of the new budget, less than they hold already: refused.
     const std::uint64_t allowance = m.meter.allowance_at(bytes, m.weights_min);
     const std::uint64_t before = m.info.activation_bytes;
-    m.grid_reserve = m.grid_reserve - before + allowance;
     m.info.activation_bytes = allowance;
     InputMeter::Measurement ms = m.meter.suspend();  // plan as for any reserve
     try {
       (void)replan(m, why, bytes);
     } catch (...) {
-      m.grid_reserve = m.grid_reserve - allowance + before;
       m.info.activation_bytes = before;
       m.meter.resume(std::move(ms), 0);
       throw;
@@ -988,8 +584,8 @@ bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat
   o.resident.clear();
   o.retain_block = -1;
   std::optional<ExecutionPlan> next;
-  if (m.grid && bytes > m.grid_reserve) {
-    const Partition& part = m.grid->lookup(bytes - m.grid_reserve);
+  if (m.grid && bytes > m.grid_reserve()) {
+    const Partition& part = m.grid->lookup(bytes - m.grid_reserve());
     if (part.feasible) {
       ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
                                     effective_read_ahead(o), bytes, part.retain_block, part.retained_bytes,
@@ -1018,19 +614,17 @@ bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat
   }
   // Go on from layer k under the new plan (Note [Read-ahead ring]): the block containing it,
   // read from the first layer it needs.
-  const int n = static_cast<int>(m.plan.blocks.size());
+  const int n = static_cast<int>(m.w.plan.blocks.size());
   m.cur = n;
   for (int b = 0; b < n; ++b) {
-    if (m.plan.blocks[b].first <= k && k <= m.plan.blocks[b].second) {
+    if (m.w.plan.blocks[b].first <= k && k <= m.w.plan.blocks[b].second) {
       m.cur = b;
       break;
     }
   }
-  m.rd_block = m.cur == n ? 0 : m.cur;
-  m.rd_next = m.cur == n;
-  m.rd_beyond = false;
-  m.rd_first = m.cur == n ? -1 : m.first_needed(m.cur, k);
-  if (m.rd_first == m.plan.blocks[m.rd_block].first) m.rd_first = -1;
+  int first = m.cur == n ? -1 : m.first_needed(m.cur, k);
+  if (m.cur != n && first == m.w.plan.blocks[m.cur].first) first = -1;
+  m.cursor->seek(m.cur == n ? 0 : m.cur, first, m.cur == n);
   m.bind_loaded();
   m.pump();
   return true;
@@ -1042,12 +636,10 @@ namespace {
 // fit, the reserve restored).
 void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
   const std::uint64_t before = m.info.activation_bytes;
-  m.grid_reserve = m.grid_reserve - before + bytes;
   m.info.activation_bytes = bytes;
   try {
     replan(m, Replan::kReserve, m.opt.budget);
   } catch (...) {
-    m.grid_reserve = m.grid_reserve - bytes + before;
     m.info.activation_bytes = before;
     throw;
   }
@@ -1077,7 +669,6 @@ void end_measuring(Executor::Impl& m, bool ok) {
   if (!m.meter.measuring()) return;
   const std::uint64_t reserve = m.meter.end(ok && !m.released);
   if (m.released) {  // nothing to re-plan: the next set_budget() plans with the reserve before
-    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
     m.info.activation_bytes = reserve;
     return;
   }
@@ -1164,8 +755,8 @@ void store_learned(Executor::Impl& m) {
 
 // The plan in force (its blocks, residency and kept part) predicted with costs `c` and `k`.
 static double in_force_ms(const Executor::Impl& m, const std::vector<LayerCost>& c, const CostModel& k) {
-  return finish_plan(m.info, m.sk, m.plan.blocks, m.plan.resident, c, k, effective_read_ahead(m.opt), m.opt.budget,
-                     m.plan.retain_block, m.plan.retained_bytes, lend_for(m.info, m.opt))
+  return finish_plan(m.info, m.sk, m.w.plan.blocks, m.w.plan.resident, c, k, effective_read_ahead(m.opt), m.opt.budget,
+                     m.w.plan.retain_block, m.w.plan.retained_bytes, lend_for(m.info, m.opt))
       .predicted_ms;
 }
 
@@ -1190,7 +781,7 @@ bool take_rebuilt_grid(Executor::Impl& m) {
       // (adopted or kept_plans) and splits its budget again with the new grid's curve.
       // A re-plan that fails keeps the plan too, and counts as kept: the costs are taken and the
       // grid is new, so the Runtime's curve must follow them all the same.
-      double in_force = m.plan.predicted_ms, best = 0;
+      double in_force = m.w.plan.predicted_ms, best = 0;
       bool put = false;
       std::string failed;
       try {
@@ -1201,10 +792,10 @@ bool take_rebuilt_grid(Executor::Impl& m) {
       }
       if (put) {
         m.learner->stats().predicted_before_ms = m.grid_next_before_ms;
-        m.learner->stats().predicted_after_ms = m.plan.predicted_ms;
+        m.learner->stats().predicted_after_ms = m.w.plan.predicted_ms;
         ++m.learner->stats().adopted;
       } else {
-        m.plan.predicted_ms = in_force;
+        m.w.plan.predicted_ms = in_force;
         ++m.learner->stats().kept_plans;
         if (!failed.empty()) {
           log(LogLevel::kWarn, m.path + ": re-planning with learned costs failed, the plan stays: " + failed);
@@ -1228,7 +819,7 @@ void take_learned(Executor::Impl& m, CostLearner::Decision d) {
   Executor::Learning& l = learner.stats();
   const std::size_t L = m.info.layers.size();
   const bool take_times = d.take_times, take_reads = d.take_reads;
-  const double before = m.plan.predicted_ms;
+  const double before = m.w.plan.predicted_ms;
   const CostModel cost_before = m.opt.cost;
   std::vector<double> times_before;
   if (take_times) {
@@ -1297,7 +888,7 @@ void take_learned(Executor::Impl& m, CostLearner::Decision d) {
   }
   keep();
   if (!adopted) {
-    m.plan.predicted_ms = in_force;
+    m.w.plan.predicted_ms = in_force;
     ++l.kept_plans;
     log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what +
                              ": the plan stays, predicted " + std::to_string(in_force) + " ms with them; the best plan with them " +
@@ -1306,12 +897,12 @@ void take_learned(Executor::Impl& m, CostLearner::Decision d) {
     return;
   }
   l.predicted_before_ms = before;
-  l.predicted_after_ms = m.plan.predicted_ms;
+  l.predicted_after_ms = m.w.plan.predicted_ms;
   ++l.adopted;
   log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what + ": re-planned in " +
                            std::to_string(Ms(std::chrono::steady_clock::now() - t0).count()) +
-                           " ms, predicted " + std::to_string(before) + " -> " + std::to_string(m.plan.predicted_ms) +
-                           " ms, " + std::to_string(m.plan.blocks.size()) + " blocks");
+                           " ms, predicted " + std::to_string(before) + " -> " + std::to_string(m.w.plan.predicted_ms) +
+                           " ms, " + std::to_string(m.w.plan.blocks.size()) + " blocks");
 }
 
 // After an inference: a rebuilt grid taken, the inference shown to the CostLearner, and the
@@ -1370,14 +961,14 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   }
   m.cur = 0;
   m.bound = false;
-  m.cur_from_fetch = false;
+  m.cursor->done_executing();
   m.learner->begin();
   m.inference_t0 = TraceClock::now();
-  m.held_why = nullptr;  // Note [Tracing]: the first stop of every inference is traced
-  if (m.ring && m.ring->lend() > 0 && !m.meter.measuring()) {
+  m.cursor->new_inference();  // Note [Tracing]: the first stop of every inference is traced
+  if (m.w.ring && m.w.ring->lend() > 0 && !m.meter.measuring()) {
     // Note [Lending the activation reserve]: this thread's account (a Runtime model's), else the
     // executor's own, places the inference's activations in the ring's zone.
-    m.lender.begin(m.inference_account(), m.ring.get());
+    m.lender.begin(m.inference_account(), m.w.ring.get());
   }
   m.pump();
 }
@@ -1386,7 +977,7 @@ bool Executor::step(int stop_before) {
   Impl& m = *impl_;
   std::unique_lock<std::recursive_mutex> lk(m.mu);
   if (!m.run) throw Error(m.path + ": no inference in progress (begin() first)");
-  if (m.cur >= static_cast<int>(m.plan.blocks.size())) return true;
+  if (m.cur >= static_cast<int>(m.w.plan.blocks.size())) return true;
   AccountScope charge(m.meter.measuring() ? m.meter.account() : m.lender.lends() ? m.lender.account() : 0);
   try {
     if (m.shed_pending) {
@@ -1395,20 +986,19 @@ bool Executor::step(int stop_before) {
       if (m.yield.exchange(false)) return false;
       replan(m, Replan::kShed, m.opt.budget);  // no cut follows: read again what was shed
     }
-    const int n = static_cast<int>(m.plan.blocks.size());
+    const int n = static_cast<int>(m.w.plan.blocks.size());
     if (m.cur >= n) return true;
     const int b = m.cur;
-    const auto [first, last] = m.plan.blocks[b];
+    const auto [first, last] = m.w.plan.blocks[b];
     if (!m.bound) {
-      m.cur_from_fetch = false;
-      if (!m.plan.resident[b] || m.kept_state[b] != Impl::Kept::kLoaded) {
-        m.cur_fetch = m.take(b);
-        m.cur_from_fetch = true;
-        char* at = m.cur_fetch.bytes == 0 ? m.cur_fetch.at
-                   : m.cur_fetch.resident     ? m.backend->address(*m.kept, m.cur_fetch.at)
-                                              : m.backend->address(*m.ring, m.cur_fetch.at);
-        m.bind_range(m.cur_fetch.first, last, at);
-        if (m.cur_fetch.resident && m.cur_fetch.first == first) m.kept_state[b] = Impl::Kept::kLoaded;
+      m.cursor->done_executing();
+      if (!m.w.plan.resident[b] || m.w.kept_state[b] != Weights::Kept::kLoaded) {
+        const Fetch& f = m.cursor->take(b, m.pos());
+        char* at = f.bytes == 0 ? f.at
+                   : f.resident ? m.backend->address(*m.w.kept, f.at)
+                                : m.backend->address(*m.w.ring, f.at);
+        m.bind_range(f.first, last, at);
+        if (f.resident && f.first == first) m.w.kept_state[b] = Weights::Kept::kLoaded;
         m.rebind_pinned();
         if (!m.caps().async) m.pump();  // the CPU computes now: queue what fits before it does
       }
@@ -1417,15 +1007,16 @@ bool Executor::step(int stop_before) {
     // An interrupt is taken after at least one layer, so that a storm of them cannot stall
     // the inference.
     bool ran = false;
-    const bool pieces = m.cur_from_fetch && m.runs_by_layer(m.cur_fetch);
+    const Fetch* cf = m.cursor->executing();  // what block b was read as (none: resident, loaded)
+    const bool pieces = cf != nullptr && m.cursor->runs_by_layer(*cf);
     while (m.run->next_layer() <= last) {
       if (m.run->next_layer() == stop_before) return false;
       if (ran && m.yield.exchange(false)) return false;  // interrupted at a layer boundary
-      if (pieces && m.cur_waited < m.cur_fetch.pieces.size()) {
+      if (pieces && m.cursor->pieces_left()) {
         // Note [Layer by layer]: this layer's bytes (and those before it in the block).
-        Status st = m.wait_pieces(m.cur_fetch, m.run->next_layer());
+        Status st = m.cursor->wait_layer(m.run->next_layer());
         if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
-        if (m.cur_waited < m.cur_fetch.pieces.size()) ++m.layers_started_early;
+        if (m.cursor->pieces_left()) ++m.layers_started_early;
       }
       m.running_layer = m.run->next_layer();
       m.lender.sync(m.running_layer);  // its activations go where they went before
@@ -1452,8 +1043,8 @@ bool Executor::step(int stop_before) {
       if (pieces && m.run->next_layer() <= last) {
         // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
         const int need = m.first_needed(b, m.run->next_layer());
-        if (need > m.cur_fetch.first) {
-          n_back = m.ring->release_front_until(m.cur_fetch.at + (m.offset(need) - m.offset(m.cur_fetch.first)));
+        if (need > cf->first) {
+          n_back = m.w.ring->release_front_until(cf->at + (m.offset(need) - m.offset(cf->first)));
           m.released_early += n_back;
         }
       }
@@ -1463,31 +1054,31 @@ bool Executor::step(int stop_before) {
       // reserve]).
       const bool lending = m.lender.lends() && m.caps().meters_activations && m.run->next_layer() <= last;
       if (n_back > 0 || lending) {
-        const std::uint64_t pushed = m.fetch_order;
+        const std::uint64_t pushed = m.cursor->fetches_pushed();
         m.pump();
-        if (lending) m.read_at_layer_end += m.fetch_order - pushed;
+        if (lending) m.read_at_layer_end += m.cursor->fetches_pushed() - pushed;
       }
     }
     if (pieces) {
-      Status st = m.wait_pieces(m.cur_fetch, last);  // all landed by now; weightless tails
+      Status st = m.cursor->wait_layer(last);  // all landed by now; weightless tails
       if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
     }
     // Swap-out: drop the views, release the block's ring space (GPU: once its kernels are done).
-    if (m.cur_from_fetch && !m.cur_fetch.resident && m.cur_fetch.bytes > 0) {
-      m.sk.unbind_layers(m.cur_fetch.first, last);
+    if (cf != nullptr && !cf->resident && cf->bytes > 0) {
+      m.sk.unbind_layers(cf->first, last);
       m.rebind_pinned();
-      m.backend->block_done(*m.ring);
+      m.backend->block_done(*m.w.ring);
       if (m.caps().async) {
         m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
       } else {
-        m.trace_memory();
+        m.w.trace(m.tgroup);
       }
-    } else if (m.cur_from_fetch && m.cur_fetch.resident && m.kept_state[b] != Impl::Kept::kLoaded) {
-      m.sk.unbind_layers(m.cur_fetch.first, last);  // a trimmed resident block: read whole next time
+    } else if (cf != nullptr && cf->resident && m.w.kept_state[b] != Weights::Kept::kLoaded) {
+      m.sk.unbind_layers(cf->first, last);  // a trimmed resident block: read whole next time
       m.rebind_pinned();
     }
     m.bound = false;
-    m.cur_from_fetch = false;
+    m.cursor->done_executing();
     ++m.cur;
     m.pump();
     return m.cur >= n;
@@ -1506,7 +1097,7 @@ bool Executor::step(int stop_before) {
 c10::IValue Executor::finish() {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  if (!m.run || m.cur < static_cast<int>(m.plan.blocks.size())) {
+  if (!m.run || m.cur < static_cast<int>(m.w.plan.blocks.size())) {
     throw Error(m.path + ": finish() before every block has run");
   }
   c10::IValue out;
@@ -1533,7 +1124,7 @@ c10::IValue Executor::finish() {
       // Note [Lending the activation reserve]: outputs the caller keeps would hold zone bytes
       // the next inference's activations (or blocks) are planned to use: copied out, the zone's
       // chunks freed with the inference.
-      const std::uint64_t copied = evict(m.ring->zone_begin(), m.ring->lend());
+      const std::uint64_t copied = evict(m.w.ring->zone_begin(), m.w.ring->lend());
       m.lender.outputs_copied(copied);
     }
     // Blocks read after a write into the file would be mixed with those read before it.
@@ -1548,11 +1139,7 @@ c10::IValue Executor::finish() {
   // layer's reach.
   m.lender.end_inference();
   // Reads ahead of this inference belong to the next one now.
-  for (auto& f : m.fetches) f.next = false;
-  // The cursor at block 0 of the inference after the one that begins next (rd_beyond is set
-  // only where advance() wraps: rd_block 0, rd_first -1) is at block 0 of the next one now.
-  m.rd_next = m.rd_beyond;
-  m.rd_beyond = false;
+  m.cursor->inference_done();
   m.cur = 0;
   m.register_ring();
   m.pump();
@@ -1569,10 +1156,10 @@ c10::IValue Executor::finish() {
 void Executor::abort() {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  m.cancel_cur_pieces();  // before cur_fetch is forgotten: its pieces may be in flight
+  m.cursor->cancel_executing();  // before it is forgotten: its pieces may be in flight
   m.run.reset();
   m.bound = false;
-  m.cur_from_fetch = false;
+  m.cursor->done_executing();
   m.cur = 0;
   m.yield.store(false);
   if (m.released) {
@@ -1583,7 +1170,7 @@ void Executor::abort() {
   // dropped; resident blocks read whole and pinned slots stay bound.
   try {
     m.drain();
-    m.backend->idle(m.ring.get());
+    m.backend->idle(m.w.ring.get());
   } catch (const std::exception& e) {  // keep the first error; the GPU's is logged
     log(LogLevel::kError, m.path + ": waiting for the GPU after an error failed: " + e.what());
   }
@@ -1618,26 +1205,20 @@ bool Executor::try_next_block_unread_bytes(std::uint64_t* out) const {
 namespace {
 bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) {
   const int b = m.run ? m.cur : 0;
-  if (m.released || b >= static_cast<int>(m.plan.blocks.size())) {
+  if (m.released || b >= static_cast<int>(m.w.plan.blocks.size())) {
     *out = 0;
     return true;
   }
   // After shed() the block's bytes are gone: the next step re-plans and reads them again.
   if (m.shed_pending) {
-    *out = m.plan.block_bytes[b];
+    *out = m.w.plan.block_bytes[b];
     return true;
   }
-  if (m.bound || (m.plan.resident[b] && m.kept_state[b] == Executor::Impl::Kept::kLoaded)) {
+  if (m.bound || (m.w.plan.resident[b] && m.w.kept_state[b] == Weights::Kept::kLoaded)) {
     *out = 0;
     return true;
   }
-  for (const auto& f : m.fetches) {
-    // Reads for this inference (between inferences: the next one's, `next` cleared by finish()).
-    if (f.block != b || f.next) continue;
-    return m.unlanded(f, wait, out);
-  }
-  *out = m.plan.block_bytes[b];  // not submitted yet
-  return true;
+  return m.cursor->unlanded_of(b, wait, out);
 }
 }  // namespace
 
@@ -1656,7 +1237,7 @@ bool next_unread_locked(const Executor::Impl& m, bool wait, std::uint64_t* out) 
 bool Executor::shed(std::uint64_t budget) {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  if (!m.caps().sheds || m.released || m.shed_pending || m.plan.total() <= budget) return false;
+  if (!m.caps().sheds || m.released || m.shed_pending || m.w.plan.total() <= budget) return false;
   const auto t0 = std::chrono::steady_clock::now();
   // What the running layer reads: its own bytes and those of the layers in its block owning
   // weights it uses (weights owned outside its block are pinned).
@@ -1664,68 +1245,66 @@ bool Executor::shed(std::uint64_t budget) {
   int block = -1;
   const int k = m.running_layer;
   if (k >= 0) {
-    for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
-      if (m.plan.blocks[b].first <= k && k <= m.plan.blocks[b].second) block = static_cast<int>(b);
+    for (size_t b = 0; b < m.w.plan.blocks.size(); ++b) {
+      if (m.w.plan.blocks[b].first <= k && k <= m.w.plan.blocks[b].second) block = static_cast<int>(b);
     }
     keep_layers.emplace_back(k, k);
     for (int s : m.sk.layers()[k].used_slots) {
       const int owner = m.sk.slots()[s].layer;
-      if (block >= 0 && owner >= m.plan.blocks[block].first && owner < k) keep_layers.emplace_back(owner, owner);
+      if (block >= 0 && owner >= m.w.plan.blocks[block].first && owner < k) keep_layers.emplace_back(owner, owner);
     }
   }
   // Reads: cancelled, and waited for (their pages are about to go), the running block's
   // pieces after the running layer too (Note [Layer by layer]).
-  m.cancel_cur_pieces();
-  for (auto& f : m.fetches) m.cancel_reads(f);
-  for (auto& f : m.fetches) (void)m.wait_reads(f);
-  m.fetches.clear();
+  m.cursor->drop_fetches();
   // Registered (io_uring fixed buffer) pages are pinned by the kernel: dropping them from the
   // mapping would not free them. The reader is idle now: unregister first.
-  if (m.registered) {
-    m.registered = !m.reader->register_buffers({});
-    if (m.registered) log(LogLevel::kError, m.path + ": internal: reads in flight after cancelling them; the ring stays pinned");
+  if (m.w.registered) {
+    m.w.registered = !m.reader->register_buffers({});
+    if (m.w.registered) log(LogLevel::kError, m.path + ": internal: reads in flight after cancelling them; the ring stays pinned");
   }
   std::uint64_t kept = 0;
   // The ring: only the running layer's bytes, when it runs from a swapped block.
-  if (m.ring) {
+  if (m.w.ring) {
     std::vector<std::pair<const char*, std::uint64_t>> keep;
-    if (block >= 0 && !m.plan.resident[block] && m.cur_from_fetch && m.cur_fetch.block == block) {
+    const Fetch* cf = m.cursor->executing();
+    if (block >= 0 && !m.w.plan.resident[block] && cf != nullptr && cf->block == block) {
       for (const auto& [a, b] : keep_layers) {
-        if (a < m.cur_fetch.first) continue;
-        keep.emplace_back(m.cur_fetch.at + (m.offset(a) - m.offset(m.cur_fetch.first)), m.span(a, b));
+        if (a < cf->first) continue;
+        keep.emplace_back(cf->at + (m.offset(a) - m.offset(cf->first)), m.span(a, b));
         kept += m.span(a, b);
       }
     }
     // The zone is the activation reserve (Note [Lending the activation reserve]): activations of
     // the running layer live there; blocks lent its bytes are within it.
-    if (m.ring->lend() > 0) keep.emplace_back(m.ring->zone_begin(), m.ring->lend());
-    m.ring->discard_except(keep);
-    m.retained_valid = false;  // the kept bytes went too, but for the running layer's
+    if (m.w.ring->lend() > 0) keep.emplace_back(m.w.ring->zone_begin(), m.w.ring->lend());
+    m.w.ring->discard_except(keep);
+    m.w.retained_valid = false;  // the kept bytes went too, but for the running layer's
   }
   // Resident blocks: dropped (but the running layer's bytes, when it runs from one).
-  if (m.kept) {
-    for (size_t b = 0; b < m.plan.blocks.size(); ++b) {
-      if (!m.plan.resident[b] || m.plan.block_bytes[b] == 0) continue;
-      const std::uint64_t base = m.kept_at[b];
+  if (m.w.kept) {
+    for (size_t b = 0; b < m.w.plan.blocks.size(); ++b) {
+      if (!m.w.plan.resident[b] || m.w.plan.block_bytes[b] == 0) continue;
+      const std::uint64_t base = m.w.kept_at[b];
       std::uint64_t at = base;
       if (static_cast<int>(b) == block) {
         std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
         for (const auto& [a, e] : keep_layers) {
-          ranges.emplace_back(base + (m.offset(a) - m.offset(m.plan.blocks[b].first)), m.span(a, e));
+          ranges.emplace_back(base + (m.offset(a) - m.offset(m.w.plan.blocks[b].first)), m.span(a, e));
         }
         std::sort(ranges.begin(), ranges.end());
         for (const auto& [off, len] : ranges) {
-          if (off > at) m.kept->discard(at, off - at);
+          if (off > at) m.w.kept->discard(at, off - at);
           at = std::max(at, off + len);
           kept += len;
         }
       }
-      m.kept->discard(at, base + m.plan.block_bytes[b] - at);
-      m.kept_state[b] = Executor::Impl::Kept::kNone;
+      m.w.kept->discard(at, base + m.w.plan.block_bytes[b] - at);
+      m.w.kept_state[b] = Weights::Kept::kNone;
     }
   }
   m.shed_pending = true;
-  m.shed_held = kept + m.pinned_need;
+  m.shed_held = kept + m.w.pinned_need;
   log(LogLevel::kDebug, m.path + ": shed down to " + format_bytes(m.shed_held) + " (layer " + std::to_string(k) +
                             " running) in " +
                             std::to_string(std::chrono::duration<double, std::milli>(
@@ -1741,19 +1320,19 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
   return finish();
 }
 
-const ExecutionPlan& Executor::plan() const { return impl_->plan; }
+const ExecutionPlan& Executor::plan() const { return impl_->w.plan; }
 const ImageInfo& Executor::info() const { return impl_->info; }
 const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
 void Executor::set_read_priority(double priority) { impl_->reader->set_priority(priority); }
-std::uint64_t Executor::bytes_used() const { return impl_->used_bytes; }
+std::uint64_t Executor::bytes_used() const { return impl_->cursor->stats().used_bytes; }
 Executor::PipelineStats Executor::pipeline_stats() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
   PipelineStats p;
-  p.read_wait_ms = impl_->read_wait_seconds * 1e3;
+  p.read_wait_ms = impl_->cursor->stats().read_wait_seconds * 1e3;
   p.layers_started_early = impl_->layers_started_early;
   p.released_early_bytes = impl_->released_early;
-  p.read_past_streamed = impl_->read_past_streamed;
+  p.read_past_streamed = impl_->cursor->stats().read_past_streamed;
   p.read_at_layer_end = impl_->read_at_layer_end;
   const ZoneLender::Stats z = impl_->lender.stats();
   p.zone_bytes = z.zone_bytes;
@@ -1765,13 +1344,13 @@ Executor::PipelineStats Executor::pipeline_stats() const {
 }
 std::uint64_t Executor::streamed_blocks() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  return impl_->streamed;
+  return impl_->cursor->stats().streamed;
 }
 double Executor::bind_us_per_tensor() const {
   return impl_->bound_tensors ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound_tensors) : 0.0;
 }
 IoBackend Executor::backend() const { return impl_->reader->backend(); }
-MemoryKind Executor::memory() const { return impl_->ring ? impl_->ring->kind() : impl_->opt.memory; }
+MemoryKind Executor::memory() const { return impl_->w.ring ? impl_->w.ring->kind() : impl_->opt.memory; }
 
 namespace {
 // Bytes of [p, p + bytes) whose pages are resident now.
@@ -1791,20 +1370,20 @@ WeightMemory Executor::weight_memory() const {
   const Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
   WeightMemory w;
-  w.peak = m.weight_peak;
+  w.peak = m.w.peak;
   if (m.released) return w;
-  w.held = m.shed_pending ? m.shed_held : (m.ring ? m.ring->kept() + m.ring->capacity() : 0) + m.kept_bytes + m.pinned_need;
+  w.held = m.shed_pending ? m.shed_held : (m.w.ring ? m.w.ring->kept() + m.w.ring->capacity() : 0) + m.w.kept_bytes + m.w.pinned_need;
   if (m.caps().host_pages) {
-    if (m.ring) w.resident_pages += resident_bytes_of(m.ring->kept_begin(), m.ring->kept() + m.ring->capacity());
-    if (m.kept) w.resident_pages += resident_bytes_of(m.kept->base(), m.kept->capacity());
-    w.resident_pages += resident_bytes_of(m.pinned_buf, m.pinned_need);
+    if (m.w.ring) w.resident_pages += resident_bytes_of(m.w.ring->kept_begin(), m.w.ring->kept() + m.w.ring->capacity());
+    if (m.w.kept) w.resident_pages += resident_bytes_of(m.w.kept->base(), m.w.kept->capacity());
+    w.resident_pages += resident_bytes_of(m.w.pinned_buf, m.w.pinned_need);
   }
   return w;
 }
 void Executor::reset_weight_peak() {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
-  m.weight_peak = 0;
+  m.w.peak = 0;
   if (!m.shed_pending) m.note_in_use();
 }
 bool Executor::released() const {
@@ -1822,14 +1401,13 @@ void release_all(Executor::Impl& m) {
   if (m.released) return;
   if (m.meter.measuring()) {  // an inference measuring activations ends here: its limit and reserve go
     const std::uint64_t reserve = m.meter.end(false);
-    m.grid_reserve = m.grid_reserve - m.info.activation_bytes + reserve;
     m.info.activation_bytes = reserve;
   }
   m.run.reset();
   m.bound = false;
   try {
     m.drain();
-    m.backend->idle(m.ring.get());
+    m.backend->idle(m.w.ring.get());
   } catch (const std::exception& e) {
     log(LogLevel::kError, m.path + ": waiting for the GPU before releasing failed: " + e.what());
   }
@@ -1839,9 +1417,9 @@ void release_all(Executor::Impl& m) {
     return;
   }
   m.drop_ring();
-  m.kept.reset();
-  m.kept_bytes = 0;
-  m.kept_state.assign(m.kept_state.size(), Executor::Impl::Kept::kNone);
+  m.w.kept.reset();
+  m.w.kept_bytes = 0;
+  m.w.kept_state.assign(m.w.kept_state.size(), Weights::Kept::kNone);
   m.drop_pinned();
   m.released = true;
   m.shed_pending = false;
@@ -1853,7 +1431,7 @@ std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
   const Impl& m = *impl_;
   std::unique_ptr<PartitionTable> local;
   const PartitionTable* table = m.grid.get();
-  std::uint64_t reserve = m.grid_reserve;
+  std::uint64_t reserve = m.grid_reserve();
   if (table == nullptr) {
     reserve = planning_reserve(m.info, m.sk, m.opt);
     local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info),

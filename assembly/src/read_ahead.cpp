@@ -1,0 +1,408 @@
+// The read-ahead cursor: BlockCursor (read_ahead.h).
+#include "read_ahead.h"
+
+#include <algorithm>
+
+namespace swapnet {
+
+namespace {
+constexpr std::chrono::microseconds kTraceWaitMin{10};  // shorter waits are not traced
+static_assert(BlockCursor::kPiece % kImageAlign == 0);
+}  // namespace
+
+char* zero_page() {
+  alignas(4096) static char page[4096];
+  return page;
+}
+
+void Weights::note_in_use(std::uint32_t tgroup) {
+  if (!ring && !kept) return;
+  peak = std::max(peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
+  trace(tgroup);
+}
+
+void Weights::trace(std::uint32_t tgroup) const {
+  if (!tracing()) return;
+  trace_counter(tgroup, "weights held", static_cast<std::int64_t>((ring ? ring->used() : 0) + kept_bytes + pinned_need));
+  if (ring && ring->lend() > 0) trace_counter(tgroup, "blocks in the zone", static_cast<std::int64_t>(ring->lent_bytes()));
+}
+
+BlockCursor::BlockCursor(std::string path, const ImageInfo& info, Config cfg, Weights& w, BlockReader& reader,
+                     DeviceBackend& backend, ZoneLender& lender)
+    : path_(std::move(path)), info_(info), cfg_(cfg), w_(w), reader_(reader), backend_(backend), lender_(lender),
+      verified_(info.layers.size(), false) {}
+
+void BlockCursor::note_in_use() {
+  w_.note_in_use(tgroup_);
+  lender_.note_lent(w_.ring.get());
+}
+
+void BlockCursor::seek(int b, int first, bool next) {
+  rd_block = b;
+  rd_first = first;
+  rd_next = next;
+  rd_beyond = false;
+}
+
+void BlockCursor::inference_done() {
+  for (auto& f : fetches_) f.next = false;
+  // The cursor at block 0 of the inference after the one that begins next (rd_beyond is set
+  // only where advance() wraps: rd_block 0, rd_first -1) is at block 0 of the next one now.
+  rd_next = rd_beyond;
+  rd_beyond = false;
+}
+
+void BlockCursor::drop_fetches() {
+  cancel_executing();
+  for (auto& f : fetches_) cancel_reads(f);
+  for (auto& f : fetches_) (void)wait_reads(f);
+  fetches_.clear();
+}
+
+bool BlockCursor::unlanded_of(int b, bool wait, std::uint64_t* out) const {
+  for (const auto& f : fetches_) {
+    // Reads for this inference (between inferences: the next one's, `next` cleared by finish()).
+    if (f.block != b || f.next) continue;
+    return unlanded(f, wait, out);
+  }
+  *out = w_.plan.block_bytes[b];  // not submitted yet
+  return true;
+}
+
+// The cursor stopped at block b for `why` (a literal): traced once per change of either.
+void BlockCursor::held(const char* why, int b) {
+  if (!tracing() || (why == held_why_ && b == held_block_)) return;
+  held_why_ = why;
+  held_block_ = b;
+  trace_instant(tgroup_, TraceLane::kCursor, why, b);
+}
+// The checks a read of layers [first, last] must make under the verify policy.
+std::vector<BlockReader::Check> BlockCursor::checks_for(int first, int last) const {
+  std::vector<BlockReader::Check> c;
+  if (cfg_.verify == ExecutorOptions::Verify::kNever) return c;
+  for (int k = first; k <= last; ++k) {
+    const ImageLayer& L = info_.layers[k];
+    if (L.size == 0 || (cfg_.verify == ExecutorOptions::Verify::kFirst && verified_[k])) continue;
+    c.push_back({L.offset, L.size, L.checksum, "layer " + std::to_string(k) + " (" + L.name + ")"});
+  }
+  return c;
+}
+void BlockCursor::mark_verified(int first, int last) {
+  for (int k = first; k <= last; ++k) verified_[k] = true;
+}
+// Note [One inference ahead]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The cursor reads on into the next inference up to the block executing (`cur`). After the
+// last block ran and before finish(), `cur` is the number of blocks, and the cursor went on
+// past the next inference's last block into the one after, pushing those blocks too: held
+// through a whole inference more than the zone's leases were looked up for (window_lease
+// counts a block of the next inference as held until its own last layer). fcn_resnet101 at
+// 246,413,715 bytes in serve (Runtime, the budget grid's plan of 170 blocks, most of them of
+// 8-36 KiB) held the next-but-one inference's first blocks 13-19 MiB into its 32 MiB zone
+// while its head's activations needed 14-26 MiB there: 15-20 activations per inference found
+// no room and went outside the zone, 10 MB over the budget (over_budget in 8 of 15
+// inferences). The cursor now stops where it comes round the second time; finish() makes
+// that the next inference's first block.
+void BlockCursor::advance() {
+  rd_first = -1;
+  if (++rd_block == static_cast<int>(w_.plan.blocks.size())) {
+    rd_block = 0;
+    if (rd_next) rd_beyond = true;
+    rd_next = true;
+  }
+}
+// Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
+// for the kernels of executed blocks but the newest (which may be running now) to free space.
+void BlockCursor::pump(const Position& pos, bool may_wait) {
+  const int k = pos.next_layer < 0 ? 0 : pos.next_layer;
+  try {
+    pump_reads(pos, may_wait);
+  } catch (...) {
+    lender_.sync(k);
+    throw;
+  }
+  lender_.sync(k);  // the zone's floor follows the blocks held
+}
+void BlockCursor::pump_reads(const Position& pos, bool may_wait) {
+  if (pos.stopped || w_.plan.blocks.empty()) return;
+  // A streamed block's pieces whose bytes are free now; blocks that overlap nothing held may
+  // still go after it (Note [Streaming into the ring]).
+  bool streaming = false;
+  for (Fetch& f : fetches_) {
+    if (f.streamed() && !stream_pieces(f)) streaming = true;
+  }
+  if (streaming && !cfg_.read_past_streamed) return held("held: a block streams", rd_block);
+  const int n = static_cast<int>(w_.plan.blocks.size());
+  for (int guard = 0; guard < 2 * n + 2; ++guard) {
+    if (rd_beyond || (rd_next && (!cfg_.cross_inference || rd_block >= pos.cur))) {
+      return held("held: an inference ahead", rd_block);
+    }
+    const int b = rd_block;
+    const auto [bf, bl] = w_.plan.blocks[b];
+    const int first = rd_first >= 0 ? rd_first : bf;
+    Fetch f;
+    f.block = b;
+    f.first = first;
+    f.last = bl;
+    f.bytes = span(first, bl);
+    f.next = rd_next;
+    f.order = fetch_order_ + 1;
+    if (w_.plan.resident[b]) {
+      if (w_.kept_state[b] != Weights::Kept::kNone) {
+        advance();
+        continue;
+      }
+      f.resident = true;
+      f.at = f.bytes > 0 ? w_.kept->base() + w_.kept_at[b] + (offset(first) - offset(bf)) : zero_page();
+      if (first == bf) w_.kept_state[b] = Weights::Kept::kLoading;
+    } else if (f.bytes > 0) {
+      // The block kept in part (Note [Keeping part of a block]): read from its first layer
+      // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
+      // until that has been done once, or when its checksums are to be verified.
+      const bool keeps = b == w_.plan.retain_block;
+      std::uint64_t kept = 0;
+      if (keeps) {
+        f.first = bf;
+        f.bytes = span(bf, bl);
+        kept = w_.plan.retained_bytes;
+        f.skip = w_.retained_valid && checks_for(bf, bl).empty() ? kept : 0;
+      }
+      backend_.reclaim(*w_.ring, false);
+      while (may_wait && !w_.ring->fits(f.bytes) && backend_.pending() > 1) backend_.reclaim(*w_.ring, true, true);
+      char* at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept) : w_.ring->push(f.bytes, ring_limit(pos, f)));
+      if (at == nullptr) {
+        // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
+        // their bytes. Not with checksums to verify (they need the layer whole in one read).
+        if (!cfg_.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) {
+          return held(!keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
+                          ? "held: activations' zone"
+                          : "held: no room",
+                      b);
+        }
+        at = static_cast<char*>(keeps ? w_.ring->push_first_streamed(f.bytes - kept)
+                                      : w_.ring->push_streamed(f.bytes, ring_limit(pos, f)));
+        if (at == nullptr) {
+          return held(w_.ring->streaming()                                             ? "held: a block streams"
+                      : !keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
+                          ? "held: activations' zone"
+                          : "held: no room to stream",
+                      b);
+        }
+        f.at = at - kept;
+        f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+        f.stream = true;
+        ++stats_.streamed;
+        trace_submitted(f);
+        fetch_order_ = f.order;
+        fetches_.push_back(std::move(f));
+        streaming = !stream_pieces(fetches_.back());
+        note_in_use();
+        advance();
+        if (streaming && !cfg_.read_past_streamed) return;
+        continue;  // blocks that overlap nothing held may follow it
+      }
+      f.at = at - kept;
+      if (streaming) ++stats_.read_past_streamed;
+    }
+    if (f.bytes > 0 && layer_by_layer(f)) {
+      // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
+      f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+      for (size_t i = 0; i < f.pieces.size(); ++i) {
+        const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
+        f.pieces[i] = reader_.submit(offset(f.first) + at, len, f.at + at, {}, f.order);
+      }
+    } else if (f.bytes > 0) {
+      f.ticket = reader_.submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
+                                f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl), f.order);
+    } else {
+      f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
+    }
+    trace_submitted(f);
+    fetch_order_ = f.order;
+    fetches_.push_back(f);
+    note_in_use();
+    advance();
+  }
+}
+// A fetch was queued: traced as "read block b" (its reads are named by f.order).
+void BlockCursor::trace_submitted(const Fetch& f) {
+  if (!tracing()) return;
+  held_why_ = nullptr;
+  trace_instant(tgroup_, TraceLane::kCursor, f.streamed() ? "stream block" : "read block", f.block, "order",
+                static_cast<std::int64_t>(f.order));
+}
+// Submits the pieces of a streamed fetch whose ring bytes no older block holds now; whether
+// every piece is submitted.
+bool BlockCursor::stream_pieces(Fetch& f) {
+  bool all = true;
+  for (size_t i = 0; i < f.pieces.size(); ++i) {
+    if (f.pieces[i] != 0) continue;
+    const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
+    if (!w_.ring->range_free(f.at + at, len)) {
+      all = false;
+      continue;
+    }
+    f.pieces[i] = reader_.submit(offset(f.first) + at, len, f.at + at, {}, f.order);
+  }
+  return all;
+}
+// Cancels a fetch's reads (pieces not submitted yet: never will be).
+void BlockCursor::cancel_reads(const Fetch& f) {
+  if (f.ticket) reader_.cancel(f.ticket);
+  for (auto t : f.pieces) {
+    if (t) reader_.cancel(t);
+  }
+}
+// Waits for a fetch's reads: the first error, else ok. Every piece is waited for.
+Status BlockCursor::wait_reads(const Fetch& f) {
+  Status st;
+  if (f.ticket) st = reader_.wait(f.ticket);
+  for (auto t : f.pieces) {
+    if (!t) continue;
+    Status s = reader_.wait(t);
+    if (st.ok() && !s.ok()) st = s;
+  }
+  return st;
+}
+// Bytes of a fetch not landed yet (pieces not submitted: all of theirs); false when `wait` is
+// false and the reader's lock is busy.
+bool BlockCursor::unlanded(const Fetch& f, bool wait, std::uint64_t* out) const {
+  std::uint64_t n = 0;
+  auto one = [&](BlockReader::Ticket t, std::uint64_t bytes) {
+    if (!t) {
+      n += bytes;
+      return true;
+    }
+    if (wait) {
+      n += reader_.unlanded_bytes(t);
+      return true;
+    }
+    std::uint64_t u = 0;
+    if (!reader_.try_unlanded_bytes(t, &u)) return false;
+    n += u;
+    return true;
+  };
+  if (f.ticket && !one(f.ticket, f.bytes - f.skip)) return false;
+  for (size_t i = 0; i < f.pieces.size(); ++i) {
+    if (!one(f.pieces[i], std::min(kPiece, f.bytes - f.skip - i * kPiece))) return false;
+  }
+  *out = n;
+  return true;
+}
+// Cancels every read submitted and waits for the pieces already issued; releases the ring's
+// blocks. Resident blocks read whole stay.
+void BlockCursor::drain() {
+  cancel_executing();
+  for (auto& f : fetches_) cancel_reads(f);
+  for (auto& f : fetches_) {
+    (void)wait_reads(f);
+    if (f.resident && f.first == w_.plan.blocks[f.block].first) w_.kept_state[f.block] = Weights::Kept::kNone;
+  }
+  fetches_.clear();
+  if (w_.ring) backend_.reclaim(*w_.ring, true);
+  if (w_.ring) w_.ring->clear();
+  rd_block = 0;
+  rd_first = -1;
+  rd_next = false;
+  rd_beyond = false;
+}
+// Note [Layer by layer]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A block's layers run in the order their bytes lie in it, and the memory bound a plan is
+// judged by (partitioner's memory_bound_ms) is layer-granular: a layer may start once its own
+// weights are in, and its bytes may be reused once it has run. The executor used to be
+// block-granular on both ends: a block ran only when all of it had landed (the disk's last
+// megabytes of a 20 MB block stalled its first layer), and its ring bytes were free only after
+// its last layer (with a ring of one large block the next block's pieces waited for that). On
+// host memory it now reads a block that fits in pieces of kPiece bytes too, waits before each
+// layer only for the pieces that hold it (and the layers before it in the block, whose
+// weights it may share), and after each layer gives the ring back the bytes before the lowest
+// layer the rest of the block still reads (BlockRing::release_front_until), so a block
+// streaming over it reads on while it computes. Not with checksums to verify (a layer's
+// checksum needs it in one read: the first inference under --verify first reads whole), not
+// for the block kept in part, not on the GPU (kernels run ahead of this thread). Pieces of
+// the executing block not yet waited for are cancelled and waited for wherever reads are
+// (drain, shed, an error).
+bool BlockCursor::layer_by_layer(const Fetch& f) const {
+  return cfg_.layer_by_layer && backend_.caps().layer_by_layer && w_.ring && w_.ring->deep() && !f.resident && f.block != w_.plan.retain_block &&
+         f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
+}
+// Whether a fetch's layers run as its pieces land (streamed ones too).
+bool BlockCursor::runs_by_layer(const Fetch& f) const {
+  return !f.pieces.empty() && cfg_.layer_by_layer && backend_.caps().layer_by_layer && f.block != w_.plan.retain_block;
+}
+Status BlockCursor::timed_wait(const Fetch& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = wait_reads(f);
+  const auto t1 = std::chrono::steady_clock::now();
+  stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+  if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
+  return st;
+}
+// Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; waited_ counts
+// them. The first error, else ok.
+Status BlockCursor::wait_pieces(const Fetch& f, int k) {
+  const std::uint64_t end = offset(k) + info_.layers[k].size - offset(f.first);
+  const std::size_t need = end <= f.skip ? 0 : std::min<std::size_t>(f.pieces.size(), (end - f.skip + kPiece - 1) / kPiece);
+  if (waited_ >= need) return Status();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  for (; waited_ < need; ++waited_) {
+    Status s = reader_.wait(f.pieces[waited_]);
+    if (st.ok() && !s.ok()) st = s;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+  if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
+  return st;
+}
+// Cancels and waits for the pieces of `f` not waited for yet (f.pieces[waited_..]).
+void BlockCursor::cancel_pieces_left(const Fetch& f) {
+  for (std::size_t i = waited_; i < f.pieces.size(); ++i) reader_.cancel(f.pieces[i]);
+  for (; waited_ < f.pieces.size(); ++waited_) (void)reader_.wait(f.pieces[waited_]);
+}
+// The same for the executing block.
+void BlockCursor::cancel_executing() {
+  if (has_cur_) cancel_pieces_left(cur_);
+}
+
+// Waits for the front fetch, which must be block `b` of this inference.
+const Fetch& BlockCursor::take(int b, const Position& pos) {
+  has_cur_ = false;
+  if (fetches_.empty()) pump(pos, true);  // GPU: its space may have waited for kernels to finish
+  if (fetches_.empty() || fetches_.front().block != b || fetches_.front().next) {
+    throw Error(path_ + ": internal: block " + std::to_string(b) + " was not read ahead in order");
+  }
+  if (fetches_.front().streamed() && !stream_pieces(fetches_.front())) {
+    throw Error(path_ + ": internal: block " + std::to_string(b) + " streamed while older blocks hold its bytes");
+  }
+  Fetch f = fetches_.front();
+  fetches_.pop_front();
+  waited_ = 0;
+  if (f.reads()) {
+    // In pieces: only its first layer's bytes now, the rest layer by layer (step()).
+    const bool by_layer = runs_by_layer(f);
+    Status st = by_layer ? wait_pieces(f, f.first) : timed_wait(f);
+    if (!by_layer) waited_ = f.pieces.size();
+    if (!st.ok()) {
+      cancel_pieces_left(f);  // the pieces after a failed one may still be in flight
+      if (f.resident && w_.kept_state[b] == Weights::Kept::kLoading) w_.kept_state[b] = Weights::Kept::kNone;
+      if (!f.resident) ring_pop_now();
+      throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(w_.plan.blocks.size()) + ")");
+    }
+    mark_verified(f.first, f.last);
+    stats_.used_bytes += f.bytes - f.skip;
+    if (b == w_.plan.retain_block && !f.resident) w_.retained_valid = true;
+  }
+  if (f.bytes > 0) backend_.hand_over(f.resident ? w_.kept->kind() : w_.ring->kind(), f.at, f.bytes);
+  cur_ = std::move(f);
+  has_cur_ = true;
+  return cur_;
+}
+// The oldest ring entry goes now (the block failed or was never run).
+void BlockCursor::ring_pop_now() {
+  backend_.reclaim(*w_.ring, true);
+  w_.ring->pop();
+}
+
+}  // namespace swapnet
