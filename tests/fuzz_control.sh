@@ -10,7 +10,7 @@ mkdir -p "$work/corpus" "$work/seeds"
 # (declarations only: nothing of libtorch is linked).
 "$clangxx" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/swapcore/include" -I "$src/allocator/include" -I "$src/partitioner/include" \
-  -I "$src/assembly/include" -I "$src/scheduler/include" -I "$src/scheduler/src" \
+  -I "$src/assembly/include" -I "$src/scheduler/include" -I "$src/scheduler/internal" \
   -I /usr/include/torch/csrc/api/include -Wno-deprecated-declarations \
   "$src/tests/fuzz_control.cpp" "$src/scheduler/src/control.cpp" "$src/scheduler/src/control_client.cpp" \
   "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" \

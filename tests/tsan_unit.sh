@@ -17,7 +17,8 @@ case "$unit" in
     "$cxx" "${flags[@]}" "$src/tests/image_test.cpp" "$src"/swapcore/src/*.cpp \
       -lgtest -lgtest_main -luring -lxxhash -lpthread -o "$work/$unit" ;;
   cpu_meter)
-    "$cxx" "${flags[@]}" -I "$src/assembly/include" -I "$src/allocator/include" -I "$src/partitioner/include" \
+    "$cxx" "${flags[@]}" -I "$src/assembly/include" -I "$src/assembly/internal" -I "$src/allocator/include" \
+      -I "$src/partitioner/include" \
       "$src/tests/cpu_meter_threads_test.cpp" "$src/assembly/src/cpu_meter.cpp" \
       -lc10 -lgtest -lgtest_main -lpthread -o "$work/$unit" ;;
   *) echo "tsan_unit.sh: unknown unit '$unit' (swapcore, cpu_meter)" >&2; exit 2 ;;
