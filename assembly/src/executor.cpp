@@ -46,6 +46,7 @@
 #include "input_meter.h"
 #include "planning.h"
 #include "read_ahead.h"
+#include "weights.h"
 #include "zone_lender.h"
 #include "swapnet/assembly.h"
 
@@ -214,18 +215,8 @@ struct Executor::Impl {
     free_aligned(w.pinned_buf);
   }
 
-  // Frees the pinned slots' buffer (their views are dropped first).
-  void drop_pinned() {
-    w.pinned.clear();
-    w.pinned_views.clear();
-    free_aligned(w.pinned_buf);
-    w.pinned_buf = nullptr;
-    w.pinned_gpu.reset();
-    w.pinned_need = 0;
-  }
-  void rebind_pinned() {
-    for (size_t i = 0; i < w.pinned.size(); ++i) sk.bind_slot(w.pinned[i], w.pinned_views[i]);
-  }
+  void drop_pinned() { w.drop_pinned(); }
+  void rebind_pinned() { w.rebind_pinned(sk); }
   void bind_range(int first, int last, char* at) {
     auto t0 = std::chrono::steady_clock::now();
     sk.bind_layers(first, last, at, offset(first), backend->device());
@@ -416,29 +407,13 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.w.kept.reset();
   m.drop_pinned();
   const auto t_freed = std::chrono::steady_clock::now();
-  if (p.arena_bytes > 0) {
-    // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
-    const std::uint64_t lend = lend_for(m.info, m.opt) > 0 && !m.meter.measuring() && !m.lend_off && p.read_ahead == ReadAhead::kRing &&
-                                       p.activation_bytes >= (1u << 20) && detail::cpu_meter_active()
-                                   ? p.activation_bytes
-                                   : 0;
-    m.w.ring = BlockRing::create(p.arena_bytes, m.opt.memory, p.read_ahead == ReadAhead::kRing, p.retained_bytes, lend);
-  }
-  m.w.retained_valid = false;
-  m.w.kept_at.assign(p.blocks.size(), 0);
-  m.w.kept_state.assign(p.blocks.size(), Weights::Kept::kNone);
-  std::uint64_t kept_bytes = 0;
-  for (size_t b = 0; b < p.blocks.size(); ++b) {
-    if (p.resident[b]) {
-      m.w.kept_at[b] = kept_bytes;
-      kept_bytes += p.block_bytes[b];
-    }
-  }
-  m.w.kept_bytes = kept_bytes;
-  if (kept_bytes > 0) {
-    m.w.kept = Arena::create(kept_bytes, m.opt.memory);
-    if (m.w.kept->place(false, kept_bytes) == nullptr) throw Error(m.path + ": internal: resident blocks do not fit");
-  }
+  // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
+  const std::uint64_t lend = p.arena_bytes > 0 && lend_for(m.info, m.opt) > 0 && !m.meter.measuring() && !m.lend_off &&
+                                     p.read_ahead == ReadAhead::kRing && p.activation_bytes >= (1u << 20) &&
+                                     detail::cpu_meter_active()
+                                 ? p.activation_bytes
+                                 : 0;
+  m.w.make(p, m.opt.memory, lend, m.path);
   // io_uring fixed buffers pin (and map, zero-filling) the pages they cover when registered. The
   // ring is registered once the reader is idle (now between inferences; after a move during
   // one, at the next inference boundary the reader is idle at): a move is not made to wait for
@@ -448,54 +423,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   const auto t_ring = std::chrono::steady_clock::now();
   m.w.plan = std::move(p);
   // Pinned slots: read once, each from its own layer's range, into one resident buffer.
-  pinned_bytes(m.info, m.sk, block_of_layer(m.info, m.w.plan.blocks), m.w.plan.resident, &m.w.pinned);
-  if (!m.w.pinned.empty()) {
-    std::uint64_t need = 0;
-    std::vector<std::uint64_t> at;
-    for (int s : m.w.pinned) {
-      at.push_back(need);
-      need += (m.info.tensors[s].nbytes + 63) / 64 * 64;
-    }
-    m.w.pinned_need = need;
-    char* pinned_at = nullptr;  // CPU address of the pinned slots
-    m.w.pinned_gpu = m.backend->pinned_arena(need, m.opt.memory);
-    if (m.w.pinned_gpu) {
-      pinned_at = static_cast<char*>(m.w.pinned_gpu->place(false, need));
-    } else {
-      m.w.pinned_buf = alloc_aligned(need);
-      pinned_at = static_cast<char*>(m.w.pinned_buf);
-    }
-    std::uint64_t scratch_len = 0;
-    for (int s : m.w.pinned) scratch_len = std::max(scratch_len, m.info.layers[m.info.tensors[s].layer].size);
-    void* scratch = alloc_aligned(scratch_len);
-    if (pinned_at == nullptr || scratch == nullptr) {
-      free_aligned(scratch);
-      throw Error(m.path + ": cannot allocate " + format_bytes(need) + " for shared weights");
-    }
-    for (size_t i = 0; i < m.w.pinned.size(); ++i) {
-      const ImageTensor& t = m.info.tensors[m.w.pinned[i]];
-      const ImageLayer& L = m.info.layers[t.layer];
-      Status s = m.reader->read(L.offset, L.size, scratch, {{L.offset, L.size, L.checksum, "layer " +
-                                                             std::to_string(t.layer) + " (" + L.name + ")"}});
-      if (!s.ok()) {
-        free_aligned(scratch);
-        throw Error(s.message());
-      }
-      char* dst = pinned_at + at[i];
-      std::memcpy(dst, static_cast<char*>(scratch) + (t.offset - L.offset), t.nbytes);
-      const SlotInfo& sl = m.sk.slots()[m.w.pinned[i]];
-      void* view = m.w.pinned_gpu ? m.backend->address(*m.w.pinned_gpu, dst) : dst;
-      m.w.pinned_views.push_back(
-          at::for_blob(view, sl.sizes)
-              .strides(sl.strides)
-              .options(at::TensorOptions().dtype(sl.dtype).device(m.backend->device()))
-              .target_device(m.backend->device())
-              .make_tensor());
-    }
-    free_aligned(scratch);
-    if (m.w.pinned_gpu) m.backend->hand_over(m.w.pinned_gpu->kind(), pinned_at, need);
-    m.rebind_pinned();
-  }
+  m.w.read_pinned(m.info, m.sk, *m.reader, *m.backend, m.opt.memory, m.path);
   log(LogLevel::kInfo, m.path + ": " + std::to_string(m.w.plan.blocks.size()) + " blocks (" +
                            std::to_string(std::count(m.w.plan.resident.begin(), m.w.plan.resident.end(), 1)) +
                            " resident, " + format_bytes(m.w.plan.resident_bytes) + "), ring " +

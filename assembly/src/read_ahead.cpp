@@ -15,18 +15,6 @@ char* zero_page() {
   return page;
 }
 
-void Weights::note_in_use(std::uint32_t tgroup) {
-  if (!ring && !kept) return;
-  peak = std::max(peak, (ring ? ring->used() : 0) + kept_bytes + pinned_need);
-  trace(tgroup);
-}
-
-void Weights::trace(std::uint32_t tgroup) const {
-  if (!tracing()) return;
-  trace_counter(tgroup, "weights held", static_cast<std::int64_t>((ring ? ring->used() : 0) + kept_bytes + pinned_need));
-  if (ring && ring->lend() > 0) trace_counter(tgroup, "blocks in the zone", static_cast<std::int64_t>(ring->lent_bytes()));
-}
-
 BlockCursor::BlockCursor(std::string path, const ImageInfo& info, Config cfg, Weights& w, BlockReader& reader,
                      DeviceBackend& backend, ZoneLender& lender)
     : path_(std::move(path)), info_(info), cfg_(cfg), w_(w), reader_(reader), backend_(backend), lender_(lender),

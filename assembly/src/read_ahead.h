@@ -15,36 +15,10 @@
 
 #include "device_backend.h"
 #include "swapnet/assembly.h"
+#include "weights.h"
 #include "zone_lender.h"
 
 namespace swapnet {
-
-// The weights in memory for the plan in force: the ring of swapped blocks, the resident arena,
-// the pinned slots (shared weights read outside their block), and what they hold.
-struct Weights {
-  ExecutionPlan plan;
-  std::unique_ptr<BlockRing> ring;     // swapped blocks in flight and executing
-  std::unique_ptr<Arena> kept;         // resident blocks, one after another
-  std::vector<std::uint64_t> kept_at;  // per block: its offset in `kept` (resident blocks)
-  enum class Kept : char { kNone, kLoading, kLoaded };
-  std::vector<Kept> kept_state;        // per block (resident ones)
-  std::vector<int> pinned;             // slot indices kept resident
-  void* pinned_buf = nullptr;          // their bytes on the host
-  std::unique_ptr<Arena> pinned_gpu;   // their bytes where the device reads them
-  std::vector<at::Tensor> pinned_views;
-  std::uint64_t kept_bytes = 0;        // resident blocks' arena
-  std::uint64_t pinned_need = 0;       // pinned slots' buffer
-  std::uint64_t peak = 0;              // Executor::weight_memory().peak
-  bool registered = false;             // the ring is registered with the reader
-  // The ring's kept bytes hold the first plan.retained_bytes of block plan.retain_block, read
-  // whole once since the ring was made (Note [Keeping part of a block] in ring.cpp).
-  bool retained_valid = false;
-
-  // Weights in use now (blocks in the ring, resident blocks, pinned slots; blocks lent the
-  // activation zone apart: the zone is the activation reserve's) into `peak`, and traced.
-  void note_in_use(std::uint32_t tgroup);
-  void trace(std::uint32_t tgroup) const;  // the weights held, the blocks in the zone
-};
 
 // Where weightless blocks' views point (they have no bytes, but need an address).
 char* zero_page();
