@@ -901,6 +901,101 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   m.pump();
 }
 
+namespace {
+
+std::string block_of(int b, int n) { return " (block " + std::to_string(b) + " of " + std::to_string(n) + ")"; }
+
+// Binds block b where its bytes landed: waits for its fetch (whole, or its first layer's pieces:
+// Note [Layer by layer]) unless it is resident and loaded, then reads on while it computes.
+void bind_block(Executor::Impl& m, int b) {
+  const auto [first, last] = m.w.plan.blocks[b];
+  m.cursor->done_executing();
+  if (m.w.plan.resident[b] && m.w.kept_state[b] == Weights::Kept::kLoaded) return;
+  const Fetch& f = m.cursor->take(b, m.pos());
+  char* at = f.bytes == 0 ? f.at
+             : f.resident ? m.backend->address(*m.w.kept, f.at)
+                          : m.backend->address(*m.w.ring, f.at);
+  m.bind_range(f.first, last, at);
+  if (f.resident && f.first == first) m.w.kept_state[b] = Weights::Kept::kLoaded;
+  m.rebind_pinned();
+  if (!m.caps().async) m.pump();  // the CPU computes now: queue what fits before it does
+}
+
+// Runs the next layer of block b, read as `cf` (its layers run as its pieces land where
+// `pieces`), with `lk` released while it runs: shed() may give back what it does not read
+// meanwhile. Then gives the ring back what the rest of the block no longer reads and reads on.
+// False where the rest of the block was shed: no further layer before a re-plan.
+bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& lk, int b, const Fetch* cf,
+                    bool pieces) {
+  const int last = m.w.plan.blocks[b].second;
+  if (pieces && m.cursor->pieces_left()) {
+    // Note [Layer by layer]: this layer's bytes (and those before it in the block).
+    Status st = m.cursor->wait_layer(m.run->next_layer());
+    if (!st.ok()) throw Error(st.message() + block_of(b, static_cast<int>(m.w.plan.blocks.size())));
+    if (m.cursor->pieces_left()) ++m.layers_started_early;
+  }
+  m.running_layer = m.run->next_layer();
+  m.lender.sync(m.running_layer);  // its activations go where they went before
+  lk.unlock();
+  const auto layer_t0 = TraceClock::now();
+  try {
+    m.sk.run_layer(*m.run);
+  } catch (...) {
+    lk.lock();
+    m.running_layer = -1;
+    throw;
+  }
+  const auto layer_t1 = TraceClock::now();
+  if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
+  lk.lock();
+  m.learner->time_layer(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
+  m.meter.note_reach();
+  m.lender.measure(m.running_layer);
+  m.running_layer = -1;
+  if (m.shed_pending && m.run->next_layer() <= last) return false;
+  std::uint64_t n_back = 0;
+  if (pieces && m.run->next_layer() <= last) {
+    // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
+    const int need = m.first_needed(b, m.run->next_layer());
+    if (need > cf->first) {
+      n_back = m.w.ring->release_front_until(cf->at + (m.offset(need) - m.offset(cf->first)));
+      m.released_early += n_back;
+    }
+  }
+  // Reads on: a block streaming over the bytes given back; and, lending, a block whose limit
+  // the layer that ended was the last in the way of (the zone its activations needed is free
+  // now), also inside a resident block or one read whole (Note [Lending the activation
+  // reserve]).
+  const bool lending = m.lender.lends() && m.caps().meters_activations && m.run->next_layer() <= last;
+  if (n_back > 0 || lending) {
+    const std::uint64_t pushed = m.cursor->fetches_pushed();
+    m.pump();
+    if (lending) m.read_at_layer_end += m.cursor->fetches_pushed() - pushed;
+  }
+  return true;
+}
+
+// Swap-out after block b ran: its views dropped, its ring space released (GPU: once its kernels
+// are done); a resident block read trimmed is unbound, to be read whole next time.
+void swap_out(Executor::Impl& m, int b, const Fetch* cf) {
+  const int last = m.w.plan.blocks[b].second;
+  if (cf != nullptr && !cf->resident && cf->bytes > 0) {
+    m.sk.unbind_layers(cf->first, last);
+    m.rebind_pinned();
+    m.backend->block_done(*m.w.ring);
+    if (m.caps().async) {
+      m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
+    } else {
+      m.w.trace(m.tgroup);
+    }
+  } else if (cf != nullptr && cf->resident && m.w.kept_state[b] != Weights::Kept::kLoaded) {
+    m.sk.unbind_layers(cf->first, last);
+    m.rebind_pinned();
+  }
+}
+
+}  // namespace
+
 bool Executor::step(int stop_before) {
   Impl& m = *impl_;
   std::unique_lock<std::recursive_mutex> lk(m.mu);
@@ -917,94 +1012,27 @@ bool Executor::step(int stop_before) {
     const int n = static_cast<int>(m.w.plan.blocks.size());
     if (m.cur >= n) return true;
     const int b = m.cur;
-    const auto [first, last] = m.w.plan.blocks[b];
+    const int last = m.w.plan.blocks[b].second;
     if (!m.bound) {
-      m.cursor->done_executing();
-      if (!m.w.plan.resident[b] || m.w.kept_state[b] != Weights::Kept::kLoaded) {
-        const Fetch& f = m.cursor->take(b, m.pos());
-        char* at = f.bytes == 0 ? f.at
-                   : f.resident ? m.backend->address(*m.w.kept, f.at)
-                                : m.backend->address(*m.w.ring, f.at);
-        m.bind_range(f.first, last, at);
-        if (f.resident && f.first == first) m.w.kept_state[b] = Weights::Kept::kLoaded;
-        m.rebind_pinned();
-        if (!m.caps().async) m.pump();  // the CPU computes now: queue what fits before it does
-      }
+      bind_block(m, b);
       m.bound = true;
     }
+    const Fetch* cf = m.cursor->executing();  // what block b was read as (none: resident, loaded)
+    const bool pieces = cf != nullptr && m.cursor->runs_by_layer(*cf);
     // An interrupt is taken after at least one layer, so that a storm of them cannot stall
     // the inference.
     bool ran = false;
-    const Fetch* cf = m.cursor->executing();  // what block b was read as (none: resident, loaded)
-    const bool pieces = cf != nullptr && m.cursor->runs_by_layer(*cf);
     while (m.run->next_layer() <= last) {
       if (m.run->next_layer() == stop_before) return false;
       if (ran && m.yield.exchange(false)) return false;  // interrupted at a layer boundary
-      if (pieces && m.cursor->pieces_left()) {
-        // Note [Layer by layer]: this layer's bytes (and those before it in the block).
-        Status st = m.cursor->wait_layer(m.run->next_layer());
-        if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
-        if (m.cursor->pieces_left()) ++m.layers_started_early;
-      }
-      m.running_layer = m.run->next_layer();
-      m.lender.sync(m.running_layer);  // its activations go where they went before
-      lk.unlock();  // shed() may give back what this layer does not read, meanwhile
-      const auto layer_t0 = TraceClock::now();
-      try {
-        m.sk.run_layer(*m.run);
-      } catch (...) {
-        lk.lock();
-        m.running_layer = -1;
-        throw;
-      }
-      const auto layer_t1 = TraceClock::now();
-      if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
-      lk.lock();
-      m.learner->time_layer(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
-      m.meter.note_reach();
-      m.lender.measure(m.running_layer);
-      m.running_layer = -1;
+      if (!run_next_layer(m, lk, b, cf, pieces)) return false;
       ran = true;
-      // The rest of the block may have been given back: no further layer before a re-plan.
-      if (m.shed_pending && m.run->next_layer() <= last) return false;
-      std::uint64_t n_back = 0;
-      if (pieces && m.run->next_layer() <= last) {
-        // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
-        const int need = m.first_needed(b, m.run->next_layer());
-        if (need > cf->first) {
-          n_back = m.w.ring->release_front_until(cf->at + (m.offset(need) - m.offset(cf->first)));
-          m.released_early += n_back;
-        }
-      }
-      // Reads on: a block streaming over the bytes given back; and, lending, a block whose limit
-      // the layer that ended was the last in the way of (the zone its activations needed is free
-      // now), also inside a resident block or one read whole (Note [Lending the activation
-      // reserve]).
-      const bool lending = m.lender.lends() && m.caps().meters_activations && m.run->next_layer() <= last;
-      if (n_back > 0 || lending) {
-        const std::uint64_t pushed = m.cursor->fetches_pushed();
-        m.pump();
-        if (lending) m.read_at_layer_end += m.cursor->fetches_pushed() - pushed;
-      }
     }
     if (pieces) {
       Status st = m.cursor->wait_layer(last);  // all landed by now; weightless tails
-      if (!st.ok()) throw Error(st.message() + " (block " + std::to_string(b) + " of " + std::to_string(n) + ")");
+      if (!st.ok()) throw Error(st.message() + block_of(b, n));
     }
-    // Swap-out: drop the views, release the block's ring space (GPU: once its kernels are done).
-    if (cf != nullptr && !cf->resident && cf->bytes > 0) {
-      m.sk.unbind_layers(cf->first, last);
-      m.rebind_pinned();
-      m.backend->block_done(*m.w.ring);
-      if (m.caps().async) {
-        m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
-      } else {
-        m.w.trace(m.tgroup);
-      }
-    } else if (cf != nullptr && cf->resident && m.w.kept_state[b] != Weights::Kept::kLoaded) {
-      m.sk.unbind_layers(cf->first, last);  // a trimmed resident block: read whole next time
-      m.rebind_pinned();
-    }
+    swap_out(m, b, cf);
     m.bound = false;
     m.cursor->done_executing();
     ++m.cur;
