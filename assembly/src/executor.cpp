@@ -102,7 +102,6 @@ struct Executor::Impl {
   ExecutorOptions opt;
   std::unique_ptr<BlockReader> reader;
   Weights w;                             // the weights in memory for the plan in force (w.plan)
-  std::unique_ptr<BlockCursor> cursor;   // reads them ahead (Note [Read-ahead ring])
   std::unique_ptr<PartitionTable> grid;  // ExecutorOptions::grid_step
   // The grid's capacity is the budget less the activation reserve in force and the finest
   // partition's pinned slots (planning_reserve), which no reserve change moves.
@@ -161,6 +160,9 @@ struct Executor::Impl {
   // Where layers run (Note [Device backends]): the host until open() says otherwise.
   std::unique_ptr<DeviceBackend> backend = make_host_backend();
   const DeviceBackend::Caps& caps() const { return backend->caps(); }
+  // Reads the weights ahead (Note [Read-ahead ring]); declared after what it refers to (the
+  // weights, the reader, the backend, the lender), so it goes first.
+  std::unique_ptr<BlockCursor> cursor;
 
   std::uint64_t offset(int layer) const { return info.layers[layer].offset; }
   std::uint64_t span(int first, int last) const {
@@ -339,8 +341,12 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk));
   Impl& m = *impl;
   m.opt = options;
-  if (options.device == ExecutorOptions::Device::kCUDA) m.backend = make_cuda_backend(image);
-  m.backend->configure(image, &m.opt);
+  {
+    std::unique_ptr<DeviceBackend> backend =
+        options.device == ExecutorOptions::Device::kCUDA ? make_cuda_backend(image) : make_host_backend();
+    backend->configure(image, &m.opt);  // may refuse: then the executor never held it
+    m.backend = std::move(backend);
+  }
   if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
   if (m.opt.lend && m.caps().meters_activations && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
     // Its activation figures are the bytes live alone; as a zone places them they may need more
@@ -776,7 +782,7 @@ void take_learned(Executor::Impl& m, CostLearner::Decision d) {
     try {
       auto build = std::make_shared<GridBuild>();  // counted from now until the table is built
       m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po,
-                                                    build]() mutable {
+                                                    build = std::move(build)]() mutable {
         const std::shared_ptr<GridBuild> done = std::move(build);
         // The lowest priority: the inferences come first (a core of a Jetson's six, or of this VM's two).
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
