@@ -165,9 +165,7 @@ struct Executor::Impl {
   std::unique_ptr<BlockCursor> cursor;
 
   std::uint64_t offset(int layer) const { return info.layers[layer].offset; }
-  std::uint64_t span(int first, int last) const {
-    return info.layers[last].offset + info.layers[last].size - info.layers[first].offset;
-  }
+  std::uint64_t span(int first, int last) const { return layers_span(info, first, last); }
   // Makes the ring's zone the region of the lender's account (Note [Lending the activation
   // reserve] in zone_lender.cpp).
   void attach_zone() { lender.attach(w.ring.get(), meter.measuring(), run ? run->next_layer() : 0); }
@@ -243,10 +241,7 @@ struct Executor::Impl {
   void drain() {
     if (cursor) cursor->drain();
   }
-  void note_in_use() {
-    w.note_in_use(tgroup);
-    lender.note_lent(w.ring.get());
-  }
+  void note_in_use() { cursor->note_in_use(); }
 };
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

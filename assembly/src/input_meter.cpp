@@ -124,7 +124,7 @@ std::uint64_t InputMeter::allowance_at(std::uint64_t budget, std::uint64_t weigh
 }
 
 InputMeter::Measurement InputMeter::suspend() {
-  Measurement ms = *ms_;
+  Measurement ms = std::move(*ms_);
   ms_.reset();
   return ms;
 }

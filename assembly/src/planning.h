@@ -16,6 +16,10 @@ namespace swapnet {
 // swapped (a resident block's slots stay bound); their indices appended to `pinned` if given.
 std::uint64_t pinned_bytes(const ImageInfo& info, const Skeleton& sk, const std::vector<int>& block_of_layer,
                            const std::vector<char>& resident, std::vector<int>* pinned);
+// Bytes of layers first..last in the image (they lie one after another).
+inline std::uint64_t layers_span(const ImageInfo& info, int first, int last) {
+  return info.layers[last].offset + info.layers[last].size - info.layers[first].offset;
+}
 // Per layer: the index of the block holding it.
 std::vector<int> block_of_layer(const ImageInfo& info, const Blocks& blocks);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device_backend.h"
+#include "planning.h"
 #include "swapnet/assembly.h"
 #include "weights.h"
 #include "zone_lender.h"
@@ -112,20 +113,19 @@ class BlockCursor {
   // The oldest ring entry goes now (the block failed or was never run).
   void ring_pop_now();
   std::uint64_t fetches_pushed() const { return fetch_order_; }
+  // The weights in use now into their peak (and the lent bytes into the lender's), traced.
+  void note_in_use();
   const Stats& stats() const { return stats_; }
 
  private:
   std::uint64_t offset(int layer) const { return info_.layers[layer].offset; }
-  std::uint64_t span(int first, int last) const {
-    return info_.layers[last].offset + info_.layers[last].size - info_.layers[first].offset;
-  }
+  std::uint64_t span(int first, int last) const { return layers_span(info_, first, last); }
   std::uint64_t ring_limit(const Position& pos, const Fetch& f) const {
     return lender_.ring_limit(*w_.ring, pos.next_layer, f.last, f.next);
   }
   void held(const char* why, int b);
   std::vector<BlockReader::Check> checks_for(int first, int last) const;
   void mark_verified(int first, int last);
-  void note_in_use();
   void advance();
   void pump_reads(const Position& pos, bool may_wait);
   void trace_submitted(const Fetch& f);
