@@ -44,6 +44,7 @@
 #include "cpu_meter.h"
 #include "device_backend.h"
 #include "input_meter.h"
+#include "planner.h"
 #include "planning.h"
 #include "read_ahead.h"
 #include "weights.h"
@@ -95,20 +96,33 @@ using detail::set_cpu_account_limit;
 // GPU: kernels run asynchronously, so a swapped block's ring space is popped only once an event
 // recorded behind its kernels has completed (`gpu_pending`); the cursor waits for the oldest such
 // event when the next block does not fit otherwise. The ring there is two-ended (two blocks).
-struct Executor::Impl {
-  std::string path;
-  ImageInfo info;
-  Skeleton sk;
+// What open() settles before the executor exists (open_device): the backend, configured (it may
+// refuse, and then the executor never held it), the options as it resolved them, the reader.
+struct Opened {
+  std::unique_ptr<DeviceBackend> backend;
   ExecutorOptions opt;
   std::unique_ptr<BlockReader> reader;
-  Weights w;                             // the weights in memory for the plan in force (w.plan)
-  std::unique_ptr<PartitionTable> grid;  // ExecutorOptions::grid_step
-  // The grid's capacity is the budget less the activation reserve in force and the finest
-  // partition's pinned slots (planning_reserve), which no reserve change moves.
-  std::uint64_t finest_pinned = 0;
-  std::uint64_t grid_reserve() const { return info.activation_bytes + finest_pinned; }
-  double bind_seconds = 0;      // spent in bind_layers (assembly by reference)
-  std::uint64_t bound_tensors = 0;  // tensors bound by it
+  std::uint32_t tgroup = 0;  // Note [Tracing]
+};
+
+struct Executor::Impl {
+  const std::string path;
+  const ImageInfo info;     // the image's table as read (planning's view of it: planner->view())
+  Skeleton sk;
+  const ExecutorOptions opt;  // resolved once, at open; the budget and costs in force are the planner's
+  std::unique_ptr<BlockReader> reader;
+  Weights w;  // the weights in memory for the plan in force (w.plan)
+  // The budget, activation reserve and costs plans are made with, the budget grid, the plans.
+  std::optional<Planner> planner;
+  // What the pipeline counted (Executor::pipeline_stats, bind_us_per_tensor).
+  struct Counters {
+    double bind_seconds = 0;               // spent in bind_layers (assembly by reference)
+    std::uint64_t bound_tensors = 0;       // tensors bound by it
+    std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
+    std::uint64_t released_early = 0;      // ring bytes given back before their block ended
+    std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
+    std::int64_t inferences = 0;           // finished
+  } counters;
   bool released = false;        // Executor::release(): nothing held until the next set_budget
   // Held by the thread using the executor except while a layer runs, so that shed() (any
   // thread) finds the state between two changes (Note [Shedding]).
@@ -120,7 +134,6 @@ struct Executor::Impl {
   // Note [Dynamic shapes] (input_meter.cpp): the inputs the activation reserve
   // (info.activation_bytes) was measured for, and the inference measuring a new one.
   InputMeter meter;
-  std::uint64_t weights_min = 0;  // the least weight memory any plan needs (minimum budget less activations)
   int own_account = 0;            // CPU meter account when the thread has none (measuring, lending)
   // The account an inference's activations are charged to: the thread's (a Runtime model's), else
   // the executor's own.
@@ -137,7 +150,6 @@ struct Executor::Impl {
   // inference in progress began.
   std::uint32_t tgroup = 0;
   TraceClock::time_point inference_t0;
-  std::int64_t inferences = 0;
 
   // The inference in progress.
   std::unique_ptr<Skeleton::Run> run;
@@ -146,19 +158,13 @@ struct Executor::Impl {
   // Note [Lending the activation reserve] (zone_lender.cpp).
   ZoneLender lender;
   bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
-  // Note [Learning the costs in service] (cost_learner.cpp): what each inference cost, and the
-  // grid being rebuilt for costs learned (Note [A re-plan must gain]).
+  // Note [Learning the costs in service] (cost_learner.cpp): what each inference cost.
   std::optional<CostLearner> learner;
-  std::future<std::unique_ptr<PartitionTable>> grid_next;
-  double grid_next_before_ms = 0;  // the plan's prediction when the grid began to be rebuilt
-  bool fixed_plan = false;         // ExecutorOptions::partition / blocks at open: not learned
-  std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
-  std::uint64_t released_early = 0;    // ring bytes given back before their block ended
-  std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
+  bool fixed_plan = false;  // ExecutorOptions::partition / blocks at open: not learned
   std::atomic<bool> yield{false};
 
   // Where layers run (Note [Device backends]): the host until open() says otherwise.
-  std::unique_ptr<DeviceBackend> backend = make_host_backend();
+  std::unique_ptr<DeviceBackend> backend;
   const DeviceBackend::Caps& caps() const { return backend->caps(); }
   // Reads the weights ahead (Note [Read-ahead ring]); declared after what it refers to (the
   // weights, the reader, the backend, the lender), so it goes first.
@@ -200,8 +206,16 @@ struct Executor::Impl {
     w.registered = reader->register_buffers({{w.ring->kept_begin(), w.ring->kept() + w.ring->capacity()}});
   }
 
-  Impl(std::string p, ImageInfo i, Skeleton s)
-      : path(std::move(p)), info(std::move(i)), sk(std::move(s)), meter(path), lender(path, info.layers.size()) {}
+  Impl(std::string p, ImageInfo i, Skeleton s, Opened o)
+      : path(std::move(p)),
+        info(std::move(i)),
+        sk(std::move(s)),
+        opt(std::move(o.opt)),
+        reader(std::move(o.reader)),
+        meter(path),
+        tgroup(o.tgroup),
+        lender(path, info.layers.size()),
+        backend(std::move(o.backend)) {}
   ~Impl() {
     try {
       drain();
@@ -220,8 +234,8 @@ struct Executor::Impl {
   void bind_range(int first, int last, char* at) {
     auto t0 = std::chrono::steady_clock::now();
     sk.bind_layers(first, last, at, offset(first), backend->device());
-    bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (int k = first; k <= last; ++k) bound_tensors += sk.layers()[k].slots.size();
+    counters.bind_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int k = first; k <= last; ++k) counters.bound_tensors += sk.layers()[k].slots.size();
   }
   // Binds every resident block read whole.
   void bind_loaded() {
@@ -329,56 +343,73 @@ void learn_costs(Executor::Impl& m, bool whole);
 void load_learned(Executor::Impl& m);
 void store_learned(Executor::Impl& m);
 
-std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
-  ImageInfo info;
-  read_image_info(image, &info).throw_if_error();
-  Skeleton sk = Skeleton::from_image(info, image);
-  auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk));
-  Impl& m = *impl;
-  m.opt = options;
+namespace {
+
+// The backend for the device the options name, configured; the options as it resolved them; the
+// reader, open (and checked by the backend).
+Opened open_device(const std::string& image, const ImageInfo& info, const ExecutorOptions& options) {
+  Opened o;
+  o.opt = options;
   {
     std::unique_ptr<DeviceBackend> backend =
         options.device == ExecutorOptions::Device::kCUDA ? make_cuda_backend(image) : make_host_backend();
-    backend->configure(image, &m.opt);  // may refuse: then the executor never held it
-    m.backend = std::move(backend);
+    backend->configure(image, &o.opt);  // may refuse: then the executor never held it
+    o.backend = std::move(backend);
   }
-  if (host_blocks(m.opt)) m.opt.memory = MemoryKind::kHost;
-  if (m.opt.lend && m.caps().meters_activations && m.info.version < kImageZoneReserveVersion && m.info.activation_bytes >= (1u << 20)) {
+  if (host_blocks(o.opt)) o.opt.memory = MemoryKind::kHost;
+  if (o.opt.lend && o.backend->caps().meters_activations && info.version < kImageZoneReserveVersion &&
+      info.activation_bytes >= (1u << 20)) {
     // Its activation figures are the bytes live alone; as a zone places them they may need more
     // (Note [Lending the activation reserve]), so the zone could not hold them within the budget.
-    log(LogLevel::kWarn, image + ": packed in image format " + std::to_string(m.info.version) +
+    log(LogLevel::kWarn, image + ": packed in image format " + std::to_string(info.version) +
                              ", whose activation reserve counts the bytes live, not as a zone places them: it runs "
                              "without lending the reserve to blocks (slower where activations leave it idle); "
                              "re-pack it (swapnet pack) to lend it");
   }
-  // Note [Dynamic shapes]: the reserve holds the largest input measured.
-  std::vector<InputProfile> profiles = m.info.input_profiles;
-  if (profiles.empty()) {
-    std::vector<ImageInput> legacy = legacy_input_profile(m.info.input_shapes);
-    if (!legacy.empty() || m.info.num_inputs == 0) profiles.push_back(InputProfile{m.info.activation_bytes, legacy});
-  }
-  m.meter.set_profiles(std::move(profiles));
-  m.info.activation_bytes = m.meter.largest(m.info.activation_bytes);
-  m.weights_min = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt)) - m.info.activation_bytes;
-  m.fixed_plan = !options.partition.empty() || options.blocks > 0;
   if (!learn_after_valid(options.learn_after)) {
     throw Error(image + ": learn_after " + std::to_string(options.learn_after) + " is not 0 (never) or 3.." +
                 std::to_string(kMaxLearnAfter) + " inferences: a window's median needs 3 to set one disturbed "
                 "inference aside");
   }
+  ReaderOptions ro = options.reader;
+  if (tracing()) {  // Note [Tracing]: a group of its own, shared with its reader
+    o.tgroup = trace_group(image.substr(image.find_last_of('/') + 1));
+    ro.trace_group = o.tgroup;
+  }
+  BlockReader::open(image, ro, &o.reader).throw_if_error();
+  o.backend->check_reads(image, *o.reader, info, &o.opt);
+  return o;
+}
+
+// Note [Dynamic shapes]: the input profiles the image holds (a legacy image's one shape).
+std::vector<InputProfile> image_input_profiles(const ImageInfo& info) {
+  std::vector<InputProfile> profiles = info.input_profiles;
+  if (profiles.empty()) {
+    std::vector<ImageInput> legacy = legacy_input_profile(info.input_shapes);
+    if (!legacy.empty() || info.num_inputs == 0) profiles.push_back(InputProfile{info.activation_bytes, legacy});
+  }
+  return profiles;
+}
+
+}  // namespace
+
+std::unique_ptr<Executor> Executor::open(const std::string& image, const ExecutorOptions& options) {
+  ImageInfo info;
+  read_image_info(image, &info).throw_if_error();
+  Skeleton sk = Skeleton::from_image(info, image);
+  Opened opened = open_device(image, info, options);
+  auto impl = std::make_unique<Impl>(image, std::move(info), std::move(sk), std::move(opened));
+  Impl& m = *impl;
+  if (m.tgroup != 0) m.lender.set_trace_group(m.tgroup);
+  // Note [Dynamic shapes]: the reserve holds the largest input measured.
+  m.meter.set_profiles(image_input_profiles(m.info));
+  m.planner.emplace(m.info, m.sk, m.opt, m.meter.largest(m.info.activation_bytes), image);
+  m.fixed_plan = !options.partition.empty() || options.blocks > 0;
   m.learner.emplace(CostLearner::Config{options.learn_after, options.learn_window_ms, options.learn_threshold,
                                        options.measured_exec},
                     m.info.layers.size());
   load_learned(m);
-  ExecutionPlan p = plan_for(m.info, m.sk, m.opt, image);
-  ReaderOptions ro = options.reader;
-  if (tracing()) {  // Note [Tracing]: a group of its own, shared with its reader
-    m.tgroup = trace_group(image.substr(image.find_last_of('/') + 1));
-    m.lender.set_trace_group(m.tgroup);
-    ro.trace_group = m.tgroup;
-  }
-  BlockReader::open(image, ro, &m.reader).throw_if_error();
-  m.backend->check_reads(image, *m.reader, m.info, &m.opt);
+  ExecutionPlan p = m.planner->first_plan();
   m.cursor = std::make_unique<BlockCursor>(
       image, m.info,
       BlockCursor::Config{m.opt.verify, m.opt.stream, m.opt.read_past_streamed, m.opt.layer_by_layer,
@@ -386,11 +417,7 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
       m.w, *m.reader, *m.backend, m.lender);
   m.cursor->set_trace_group(m.tgroup);
   m.learner->restart(CostLearner::io_count(*m.reader));
-  if (options.grid_step > 0 && options.planner == ExecutorOptions::Planner::kOptimal) {
-    m.finest_pinned = planning_reserve(m.info, m.sk, m.opt) - m.info.activation_bytes;
-    m.grid = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, options.grid_step,
-                                              partition_options(m.info, m.opt));
-  }
+  m.planner->build_grid();
   adopt(m, std::move(p));
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
@@ -409,7 +436,7 @@ void adopt(Executor::Impl& m, ExecutionPlan p) {
   m.drop_pinned();
   const auto t_freed = std::chrono::steady_clock::now();
   // Note [Lending the activation reserve]: the activation reserve becomes the ring's zone.
-  const std::uint64_t lend = p.arena_bytes > 0 && lend_for(m.info, m.opt) > 0 && !m.meter.measuring() && !m.lend_off &&
+  const std::uint64_t lend = p.arena_bytes > 0 && m.planner->lend() > 0 && !m.meter.measuring() && !m.lend_off &&
                                      p.read_ahead == ReadAhead::kRing && p.activation_bytes >= (1u << 20) &&
                                      detail::cpu_meter_active()
                                  ? p.activation_bytes
@@ -489,54 +516,37 @@ void Executor::set_budget(std::uint64_t bytes) {
 bool replan(Executor::Impl& m, Replan why, std::uint64_t bytes, double must_beat_ms, double* best_ms) {
   trace_instant(m.tgroup, TraceLane::kControl, "budget", -1, "bytes", static_cast<std::int64_t>(bytes));
   const auto t_plan = std::chrono::steady_clock::now();
+  Planner& planner = *m.planner;
   if (m.meter.measuring()) {
     // Measuring a new input's activations (Note [Dynamic shapes]): weights stay at their least
     // and activations get the rest of the new budget, less than they hold already: refused.
-    const std::uint64_t allowance = m.meter.allowance_at(bytes, m.weights_min);
-    const std::uint64_t before = m.info.activation_bytes;
-    m.info.activation_bytes = allowance;
+    const std::uint64_t allowance = m.meter.allowance_at(bytes, planner.weights_min());
+    const std::uint64_t before = planner.reserve();
+    planner.set_reserve(allowance);
     InputMeter::Measurement ms = m.meter.suspend();  // plan as for any reserve
     try {
       (void)replan(m, why, bytes);
     } catch (...) {
-      m.info.activation_bytes = before;
+      planner.set_reserve(before);
       m.meter.resume(std::move(ms), 0);
       throw;
     }
     m.meter.resume(std::move(ms), allowance);
     return true;
   }
-  ExecutorOptions o = m.opt;
-  o.budget = bytes;
-  o.partition.clear();
-  o.blocks = 0;
-  o.resident.clear();
-  o.retain_block = -1;
-  std::optional<ExecutionPlan> next;
-  if (m.grid && bytes > m.grid_reserve()) {
-    const Partition& part = m.grid->lookup(bytes - m.grid_reserve());
-    if (part.feasible) {
-      ExecutionPlan p = finish_plan(m.info, m.sk, part.blocks, part.resident, layer_costs(m.info, o), o.cost,
-                                    effective_read_ahead(o), bytes, part.retain_block, part.retained_bytes,
-                                    lend_for(m.info, o));
-      if (p.total() <= bytes) {
-        p.min_budget = m.weights_min + m.info.activation_bytes;
-        next = std::move(p);
-      }
-    }
-  }
-  if (!next) next = plan_for(m.info, m.sk, o, m.path);  // throws if infeasible: nothing changes
-  if (best_ms != nullptr) *best_ms = next->predicted_ms;
-  if (must_beat_ms > 0 && !(next->predicted_ms < must_beat_ms)) return false;
+  bool from_grid = false;
+  ExecutionPlan next = planner.plan(bytes, &from_grid);  // throws if infeasible: nothing changes
+  if (best_ms != nullptr) *best_ms = next.predicted_ms;
+  if (must_beat_ms > 0 && !(next.predicted_ms < must_beat_ms)) return false;
   log(LogLevel::kDebug, m.path + ": planned " + format_bytes(bytes) + " in " +
                             std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                                      t_plan).count()) +
-                            " ms (" + (m.grid ? "budget grid" : "search") + ", " + replan_reason(why) + ")");
-  m.opt = o;
+                            " ms (" + (from_grid ? "budget grid" : "search") + ", " + replan_reason(why) + ")");
+  planner.commit(bytes);
   const bool running = m.run != nullptr;
   const int k = running ? m.run->next_layer() : 0;
   m.bound = false;
-  adopt_or_release(m, std::move(*next));
+  adopt_or_release(m, std::move(next));
   if (!running) {
     m.pump();  // the next inference's first blocks, now
     return true;
@@ -564,12 +574,12 @@ namespace {
 // The activation reserve becomes `bytes`; re-plans at the budget in force (throws if it does not
 // fit, the reserve restored).
 void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
-  const std::uint64_t before = m.info.activation_bytes;
-  m.info.activation_bytes = bytes;
+  const std::uint64_t before = m.planner->reserve();
+  m.planner->set_reserve(bytes);
   try {
-    replan(m, Replan::kReserve, m.opt.budget);
+    replan(m, Replan::kReserve, m.planner->budget());
   } catch (...) {
-    m.info.activation_bytes = before;
+    m.planner->set_reserve(before);
     throw;
   }
 }
@@ -577,8 +587,9 @@ void set_reserve(Executor::Impl& m, std::uint64_t bytes) {
 // Before an inference whose input no profile covers: weights planned at their least, activations
 // allowed the rest of the budget, the allocator refusing past it (Note [Dynamic shapes]).
 void start_measuring(Executor::Impl& m, std::vector<ImageInput> in, const std::vector<c10::IValue>& inputs) {
-  InputMeter::Measurement ms = m.meter.prepare(std::move(in), inputs, !m.caps().meters_activations, m.opt.budget, m.weights_min,
-                                               m.info.activation_bytes, [&] { return m.inference_account(); });
+  InputMeter::Measurement ms =
+      m.meter.prepare(std::move(in), inputs, !m.caps().meters_activations, m.planner->budget(),
+                      m.planner->weights_min(), m.planner->reserve(), [&] { return m.inference_account(); });
   {
     // No zone while measuring: the allowance is all the budget leaves, past it the account refuses.
     m.lender.detach();
@@ -598,7 +609,7 @@ void end_measuring(Executor::Impl& m, bool ok) {
   if (!m.meter.measuring()) return;
   const std::uint64_t reserve = m.meter.end(ok && !m.released);
   if (m.released) {  // nothing to re-plan: the next set_budget() plans with the reserve before
-    m.info.activation_bytes = reserve;
+    m.planner->set_reserve(reserve);
     return;
   }
   try {
@@ -662,11 +673,13 @@ void load_learned(Executor::Impl& m) {
   if (!got) return;
   CostLearner& l = *m.learner;
   if (got->layer_ms) {
-    for (std::size_t i = 0; i < got->layer_ms->size(); ++i) m.info.layers[i].time_ms = (*got->layer_ms)[i];
+    m.planner->set_layer_ms(*got->layer_ms);
     l.stats().loaded_times = l.times_learned = true;
   }
   if (got->read_mb_s > 0) {
-    m.opt.cost.alpha_ms_per_byte = 1e3 / (got->read_mb_s * 1e6);
+    CostModel k = m.planner->cost();
+    k.alpha_ms_per_byte = 1e3 / (got->read_mb_s * 1e6);
+    m.planner->set_cost(k);
     l.stats().loaded_rate = l.rate_learned = true;
   }
 }
@@ -676,163 +689,144 @@ void store_learned(Executor::Impl& m) {
   const std::string& path = m.opt.learn_store;
   if (path.empty()) return;
   CostLearner& l = *m.learner;
-  std::vector<double> t;
-  for (const ImageLayer& L : m.info.layers) t.push_back(L.time_ms);
-  const double mb_s = l.rate_learned && m.opt.cost.alpha_ms_per_byte > 0 ? 1e-3 / m.opt.cost.alpha_ms_per_byte : 0.0;
+  const std::vector<double> t = m.planner->layer_ms();
+  const double alpha = m.planner->cost().alpha_ms_per_byte;
+  const double mb_s = l.rate_learned && alpha > 0 ? 1e-3 / alpha : 0.0;
   if (store_learned_costs(path, m.path, m.info, l.times_learned ? &t : nullptr, mb_s)) ++l.stats().stored;
 }
 
-// The plan in force (its blocks, residency and kept part) predicted with costs `c` and `k`.
-static double in_force_ms(const Executor::Impl& m, const std::vector<LayerCost>& c, const CostModel& k) {
-  return finish_plan(m.info, m.sk, m.w.plan.blocks, m.w.plan.resident, c, k, effective_read_ahead(m.opt), m.opt.budget,
-                     m.w.plan.retain_block, m.w.plan.retained_bytes, lend_for(m.info, m.opt))
-      .predicted_ms;
+namespace {
+
+std::string percent_gain() { return std::to_string(static_cast<long long>(std::lround(100 * kReplanGain))); }
+
+// Note [A re-plan must gain]: the plan in force, predicted with the costs in force, against the
+// best plan with them at the budget in force; the best is put in force only where it is faster
+// by more than kReplanGain.
+struct Gain {
+  bool adopted = false;
+  double in_force = 0;  // the plan in force, predicted with the costs in force
+  double best = 0;      // the best plan with them
+  std::string failed;   // a re-plan that failed (the plan stays)
+};
+Gain replan_if_it_gains(Executor::Impl& m) {
+  Gain g;
+  g.in_force = m.w.plan.predicted_ms;
+  try {
+    g.in_force = m.planner->predict(m.w.plan);
+    g.adopted = replan(m, Replan::kLearned, m.planner->budget(), g.in_force * (1 - kReplanGain), &g.best);
+  } catch (const std::exception& e) {
+    g.failed = e.what();
+  }
+  return g;
 }
 
 // A budget grid rebuilt for learned costs that is ready now is taken, and its plan at the budget in
 // force put in force where it gains (Note [A re-plan must gain]); whether one was taken.
 bool take_rebuilt_grid(Executor::Impl& m) {
-  bool adopted_now = false;
-  if (m.grid_next.valid() && m.grid_next.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-    adopted_now = true;
-    std::unique_ptr<PartitionTable> g;
-    try {
-      g = m.grid_next.get();
-    } catch (const std::exception& e) {
-      log(LogLevel::kWarn, m.path + ": rebuilding the budget grid for learned costs failed (" + e.what() +
-                               "): plans search instead");
-    }
-    m.grid = std::move(g);
-    if (!m.released) {
-      // Note [A re-plan must gain], with the grid as without: the grid's plan at this budget is
-      // put in force only if predicted faster than the plan in force, with the same (learned)
-      // costs, by more than kReplanGain. Either way the Runtime sees the costs were taken
-      // (adopted or kept_plans) and splits its budget again with the new grid's curve.
-      // A re-plan that fails keeps the plan too, and counts as kept: the costs are taken and the
-      // grid is new, so the Runtime's curve must follow them all the same.
-      double in_force = m.w.plan.predicted_ms, best = 0;
-      bool put = false;
-      std::string failed;
-      try {
-        in_force = in_force_ms(m, layer_costs(m.info, m.opt), m.opt.cost);
-        put = replan(m, Replan::kLearned, m.opt.budget, in_force * (1 - kReplanGain), &best);
-      } catch (const std::exception& e) {
-        failed = e.what();
-      }
-      if (put) {
-        m.learner->stats().predicted_before_ms = m.grid_next_before_ms;
-        m.learner->stats().predicted_after_ms = m.w.plan.predicted_ms;
-        ++m.learner->stats().adopted;
-      } else {
-        m.w.plan.predicted_ms = in_force;
-        ++m.learner->stats().kept_plans;
-        if (!failed.empty()) {
-          log(LogLevel::kWarn, m.path + ": re-planning with learned costs failed, the plan stays: " + failed);
-        } else {
-          log(LogLevel::kInfo, m.path + ": the budget grid rebuilt with learned costs is in use; the plan stays, predicted " +
-                                   std::to_string(in_force) + " ms with them; the grid's plan at this budget " +
-                                   std::to_string(best) + " ms is not more than " +
-                                   std::to_string(static_cast<long long>(std::lround(100 * kReplanGain))) + " % faster");
-        }
-      }
-    }
+  std::string error;
+  if (!m.planner->take_rebuilt_grid(&error)) return false;
+  if (!error.empty()) {
+    log(LogLevel::kWarn, m.path + ": rebuilding the budget grid for learned costs failed (" + error +
+                             "): plans search instead");
   }
-  return adopted_now;
+  if (m.released) return true;
+  // Note [A re-plan must gain], with the grid as without: the grid's plan at this budget is put
+  // in force only if predicted faster than the plan in force, with the same (learned) costs, by
+  // more than kReplanGain. Either way the Runtime sees the costs were taken (adopted or
+  // kept_plans) and splits its budget again with the new grid's curve. A re-plan that fails
+  // keeps the plan too, and counts as kept: the costs are taken and the grid is new, so the
+  // Runtime's curve must follow them all the same.
+  const Gain g = replan_if_it_gains(m);
+  Executor::Learning& l = m.learner->stats();
+  if (g.adopted) {
+    l.predicted_before_ms = m.planner->rebuilt_from_ms();
+    l.predicted_after_ms = m.w.plan.predicted_ms;
+    ++l.adopted;
+    return true;
+  }
+  m.w.plan.predicted_ms = g.in_force;
+  ++l.kept_plans;
+  if (!g.failed.empty()) {
+    log(LogLevel::kWarn, m.path + ": re-planning with learned costs failed, the plan stays: " + g.failed);
+  } else {
+    log(LogLevel::kInfo, m.path + ": the budget grid rebuilt with learned costs is in use; the plan stays, predicted " +
+                             std::to_string(g.in_force) + " ms with them; the grid's plan at this budget " +
+                             std::to_string(g.best) + " ms is not more than " + percent_gain() + " % faster");
+  }
+  return true;
+}
+
+// With a budget grid, learned costs are planned with once the grid is rebuilt with them, off this
+// thread; the plan in force runs until then. False where no thread could start (the grid is
+// dropped: budget changes search from now on).
+bool rebuild_grid_for_learned(Executor::Impl& m, double before, const std::string& what) {
+  try {
+    m.planner->rebuild_grid(before);
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, m.path + ": no thread to rebuild the budget grid (" + e.what() +
+                             "): budget changes search for their plan from now on");
+    m.planner->drop_grid();
+    return false;
+  }
+  log(LogLevel::kInfo, m.path + ": over " + std::to_string(m.learner->stats().window) + " inferences, " + what +
+                           ": the budget grid is rebuilt with them, and the plan follows once it is");
+  return true;
 }
 
 // Takes the costs the CostLearner decided on: planning uses them from now on (the grid rebuilt
 // with them, or a re-plan at the budget in force that must gain, Note [A re-plan must gain]).
 void take_learned(Executor::Impl& m, CostLearner::Decision d) {
   using Ms = std::chrono::duration<double, std::milli>;
+  Planner& planner = *m.planner;
   CostLearner& learner = *m.learner;
   Executor::Learning& l = learner.stats();
-  const std::size_t L = m.info.layers.size();
-  const bool take_times = d.take_times, take_reads = d.take_reads;
   const double before = m.w.plan.predicted_ms;
-  const CostModel cost_before = m.opt.cost;
-  std::vector<double> times_before;
-  if (take_times) {
-    for (std::size_t i = 0; i < L; ++i) {
-      times_before.push_back(m.info.layers[i].time_ms);
-      m.info.layers[i].time_ms = d.layer_ms[i];
-    }
-  }
-  if (take_reads) m.opt.cost = d.cost;
+  const std::vector<double> times_before = planner.layer_ms();
+  const CostModel cost_before = planner.cost();
+  if (d.take_times) planner.set_layer_ms(d.layer_ms);
+  if (d.take_reads) planner.set_cost(d.cost);
   // The costs stay taken (Note [Learned costs kept]): written where they are kept only then, not
   // when the re-plan below fails and puts the old ones back.
   auto keep = [&] {
-    learner.times_learned = learner.times_learned || take_times;
-    learner.rate_learned = learner.rate_learned || take_reads;
+    learner.times_learned = learner.times_learned || d.take_times;
+    learner.rate_learned = learner.rate_learned || d.take_reads;
     store_learned(m);
   };
-  const std::string& what = d.what;
   const auto t0 = std::chrono::steady_clock::now();
-  if (m.grid) {
-    // The table is rebuilt off this thread; the plan in force runs until it is ready.
-    const PartitionOptions po = partition_options(m.info, m.opt);
-    std::vector<LayerCost> learned_costs = layer_costs(m.info, m.opt);
-    const CostModel learned_cm = m.opt.cost;
-    const std::uint64_t step = m.opt.grid_step;
-    m.grid_next_before_ms = before;
-    try {
-      auto build = std::make_shared<GridBuild>();  // counted from now until the table is built
-      m.grid_next = std::async(std::launch::async, [learned_costs = std::move(learned_costs), learned_cm, step, po,
-                                                    build = std::move(build)]() mutable {
-        const std::shared_ptr<GridBuild> done = std::move(build);
-        // The lowest priority: the inferences come first (a core of a Jetson's six, or of this VM's two).
-        (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
-        return std::make_unique<PartitionTable>(learned_costs, learned_cm, step, po);
-      });
-      keep();
-      log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what +
-                               ": the budget grid is rebuilt with them, and the plan follows once it is");
-      return;
-    } catch (const std::exception& e) {  // no thread: plans search from now on
-      log(LogLevel::kWarn, m.path + ": no thread to rebuild the budget grid (" + e.what() +
-                               "): budget changes search for their plan from now on");
-      m.grid.reset();
-    }
-  }
-  if (m.released) {  // the next set_budget() plans with them
-    keep();
+  if ((planner.has_grid() && rebuild_grid_for_learned(m, before, d.what)) || m.released) {
+    keep();  // released: the next set_budget() plans with them
     return;
   }
-  // Note [A re-plan must gain]: the plan in force, predicted with the costs just taken, stays
-  // unless the best plan with them is predicted faster by more than kReplanGain (also for an
-  // executor whose grid could not be rebuilt above: its Runtime splits again on a kept plan too).
-  const double in_force = in_force_ms(m, layer_costs(m.info, m.opt), m.opt.cost);
-  double best = 0;
-  bool adopted = false;
-  try {
-    adopted = replan(m, Replan::kLearned, m.opt.budget, in_force * (1 - kReplanGain), &best);
-  } catch (const std::exception& e) {
+  // Note [A re-plan must gain] (also for an executor whose grid could not be rebuilt above: its
+  // Runtime splits again on a kept plan too).
+  const Gain g = replan_if_it_gains(m);
+  if (!g.failed.empty()) {
     // Cannot happen (the minimum budget does not depend on times); if it does, keep the plan
     // and the costs it was made with.
-    if (take_times) {
-      for (std::size_t i = 0; i < L; ++i) m.info.layers[i].time_ms = times_before[i];
-    }
-    m.opt.cost = cost_before;
-    log(LogLevel::kError, m.path + ": re-planning with learned costs failed, the plan stays: " + e.what());
+    planner.set_layer_ms(times_before);
+    planner.set_cost(cost_before);
+    log(LogLevel::kError, m.path + ": re-planning with learned costs failed, the plan stays: " + g.failed);
     return;
   }
   keep();
-  if (!adopted) {
-    m.w.plan.predicted_ms = in_force;
+  const std::string over = m.path + ": over " + std::to_string(l.window) + " inferences, " + d.what;
+  if (!g.adopted) {
+    m.w.plan.predicted_ms = g.in_force;
     ++l.kept_plans;
-    log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what +
-                             ": the plan stays, predicted " + std::to_string(in_force) + " ms with them; the best plan with them " +
-                             std::to_string(best) + " ms is not more than " +
-                             std::to_string(static_cast<long long>(std::lround(100 * kReplanGain))) + " % faster");
+    log(LogLevel::kInfo, over + ": the plan stays, predicted " + std::to_string(g.in_force) +
+                             " ms with them; the best plan with them " + std::to_string(g.best) +
+                             " ms is not more than " + percent_gain() + " % faster");
     return;
   }
   l.predicted_before_ms = before;
   l.predicted_after_ms = m.w.plan.predicted_ms;
   ++l.adopted;
-  log(LogLevel::kInfo, m.path + ": over " + std::to_string(l.window) + " inferences, " + what + ": re-planned in " +
-                           std::to_string(Ms(std::chrono::steady_clock::now() - t0).count()) +
+  log(LogLevel::kInfo, over + ": re-planned in " + std::to_string(Ms(std::chrono::steady_clock::now() - t0).count()) +
                            " ms, predicted " + std::to_string(before) + " -> " + std::to_string(m.w.plan.predicted_ms) +
                            " ms, " + std::to_string(m.w.plan.blocks.size()) + " blocks");
 }
+
+}  // namespace
 
 // After an inference: a rebuilt grid taken, the inference shown to the CostLearner, and the
 // costs it decides on taken (Note [Learning the costs in service] in cost_learner.cpp).
@@ -842,15 +836,14 @@ void learn_costs(Executor::Impl& m, bool whole) {
   CostLearner& learner = *m.learner;
   if (!learner.timed(whole)) return;
   const CostLearner::IoCount now = CostLearner::io_count(*m.reader);
-  if (m.grid_next.valid() || adopted_now) {  // a new window begins with the new plan
+  if (m.planner->rebuilding() || adopted_now) {  // a new window begins with the new plan
     learner.restart(now);
     return;
   }
-  std::vector<double> planned_ms;
-  for (const ImageLayer& L : m.info.layers) planned_ms.push_back(L.time_ms);
-  auto predict = [&](const std::vector<LayerCost>& c, const CostModel& k) { return in_force_ms(m, c, k); };
+  const Planner& planner = *m.planner;
+  auto predict = [&](const std::vector<LayerCost>& c, const CostModel& k) { return planner.predict(m.w.plan, c, k); };
   std::optional<CostLearner::Decision> d =
-      learner.observe(now, planned_ms, layer_costs(m.info, m.opt), m.opt.cost, predict);
+      learner.observe(now, planner.layer_ms(), planner.layer_costs(), planner.cost(), predict);
   if (d) take_learned(m, std::move(*d));
 }
 
@@ -861,7 +854,7 @@ Executor::Learning Executor::learning() const {
 
 CostModel Executor::cost() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
-  return impl_->opt.cost;
+  return impl_->planner->cost();
 }
 
 void Executor::begin(std::vector<c10::IValue> inputs) {
@@ -933,7 +926,7 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
     // Note [Layer by layer]: this layer's bytes (and those before it in the block).
     Status st = m.cursor->wait_layer(m.run->next_layer());
     if (!st.ok()) throw Error(st.message() + block_of(b, static_cast<int>(m.w.plan.blocks.size())));
-    if (m.cursor->pieces_left()) ++m.layers_started_early;
+    if (m.cursor->pieces_left()) ++m.counters.layers_started_early;
   }
   m.running_layer = m.run->next_layer();
   m.lender.sync(m.running_layer);  // its activations go where they went before
@@ -960,7 +953,7 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
     const int need = m.first_needed(b, m.run->next_layer());
     if (need > cf->first) {
       n_back = m.w.ring->release_front_until(cf->at + (m.offset(need) - m.offset(cf->first)));
-      m.released_early += n_back;
+      m.counters.released_early += n_back;
     }
   }
   // Reads on: a block streaming over the bytes given back; and, lending, a block whose limit
@@ -971,7 +964,7 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   if (n_back > 0 || lending) {
     const std::uint64_t pushed = m.cursor->fetches_pushed();
     m.pump();
-    if (lending) m.read_at_layer_end += m.cursor->fetches_pushed() - pushed;
+    if (lending) m.counters.read_at_layer_end += m.cursor->fetches_pushed() - pushed;
   }
   return true;
 }
@@ -1008,7 +1001,7 @@ bool Executor::step(int stop_before) {
       // Shed between two steps for a cut whose set_budget() comes next (Runtime: the caller
       // checks for a move when step() returns): do not read back at the old budget first.
       if (m.yield.exchange(false)) return false;
-      replan(m, Replan::kShed, m.opt.budget);  // no cut follows: read again what was shed
+      replan(m, Replan::kShed, m.planner->budget());  // no cut follows: read again what was shed
     }
     const int n = static_cast<int>(m.w.plan.blocks.size());
     if (m.cur >= n) return true;
@@ -1042,7 +1035,7 @@ bool Executor::step(int stop_before) {
   } catch (...) {
     if (m.meter.refused()) {
       const int k = m.run->next_layer();
-      Error why(m.meter.refusal(m.opt.budget, m.weights_min, k, m.info.layers[k].name));
+      Error why(m.meter.refusal(m.planner->budget(), m.planner->weights_min(), k, m.info.layers[k].name));
       abort();
       throw why;
     }
@@ -1091,7 +1084,7 @@ c10::IValue Executor::finish() {
     throw;
   }
   m.run.reset();
-  trace_span(m.tgroup, TraceLane::kInference, "inference", m.inferences++, m.inference_t0, TraceClock::now());
+  trace_span(m.tgroup, TraceLane::kInference, "inference", m.counters.inferences++, m.inference_t0, TraceClock::now());
   // Note [Lending the activation reserve]: one whole inference in this zone measured every
   // layer's reach.
   m.lender.end_inference();
@@ -1278,7 +1271,7 @@ c10::IValue Executor::forward(std::vector<c10::IValue> inputs) {
 }
 
 const ExecutionPlan& Executor::plan() const { return impl_->w.plan; }
-const ImageInfo& Executor::info() const { return impl_->info; }
+const ImageInfo& Executor::info() const { return impl_->planner->view(); }
 const Skeleton& Executor::skeleton() const { return impl_->sk; }
 std::uint64_t Executor::bytes_read() const { return impl_->reader->bytes_read(); }
 void Executor::set_read_priority(double priority) { impl_->reader->set_priority(priority); }
@@ -1287,10 +1280,10 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   std::lock_guard<std::recursive_mutex> lk(impl_->mu);
   PipelineStats p;
   p.read_wait_ms = impl_->cursor->stats().read_wait_seconds * 1e3;
-  p.layers_started_early = impl_->layers_started_early;
-  p.released_early_bytes = impl_->released_early;
+  p.layers_started_early = impl_->counters.layers_started_early;
+  p.released_early_bytes = impl_->counters.released_early;
   p.read_past_streamed = impl_->cursor->stats().read_past_streamed;
-  p.read_at_layer_end = impl_->read_at_layer_end;
+  p.read_at_layer_end = impl_->counters.read_at_layer_end;
   const ZoneLender::Stats z = impl_->lender.stats();
   p.zone_bytes = z.zone_bytes;
   p.lent_peak_bytes = z.lent_peak;
@@ -1304,7 +1297,8 @@ std::uint64_t Executor::streamed_blocks() const {
   return impl_->cursor->stats().streamed;
 }
 double Executor::bind_us_per_tensor() const {
-  return impl_->bound_tensors ? impl_->bind_seconds * 1e6 / static_cast<double>(impl_->bound_tensors) : 0.0;
+  const Impl::Counters& c = impl_->counters;
+  return c.bound_tensors ? c.bind_seconds * 1e6 / static_cast<double>(c.bound_tensors) : 0.0;
 }
 IoBackend Executor::backend() const { return impl_->reader->backend(); }
 MemoryKind Executor::memory() const { return impl_->w.ring ? impl_->w.ring->kind() : impl_->opt.memory; }
@@ -1357,8 +1351,7 @@ void Executor::release() {
 void release_all(Executor::Impl& m) {
   if (m.released) return;
   if (m.meter.measuring()) {  // an inference measuring activations ends here: its limit and reserve go
-    const std::uint64_t reserve = m.meter.end(false);
-    m.info.activation_bytes = reserve;
+    m.planner->set_reserve(m.meter.end(false));
   }
   m.run.reset();
   m.bound = false;
@@ -1385,32 +1378,7 @@ void release_all(Executor::Impl& m) {
 }
 
 std::vector<std::pair<std::uint64_t, double>> Executor::latency_curve() const {
-  const Impl& m = *impl_;
-  std::unique_ptr<PartitionTable> local;
-  const PartitionTable* table = m.grid.get();
-  std::uint64_t reserve = m.grid_reserve();
-  if (table == nullptr) {
-    reserve = planning_reserve(m.info, m.sk, m.opt);
-    local = std::make_unique<PartitionTable>(layer_costs(m.info, m.opt), m.opt.cost, default_grid_step(m.info),
-                                             partition_options(m.info, m.opt));
-    table = local.get();
-  }
-  std::vector<std::pair<std::uint64_t, double>> curve;
-  const std::uint64_t minimum = min_budget_for(m.info, m.sk, effective_read_ahead(m.opt));
-  ExecutorOptions o = m.opt;
-  o.budget = minimum;
-  o.partition.clear();
-  o.blocks = 0;
-  o.resident.clear();
-  o.retain_block = -1;
-  curve.emplace_back(minimum, plan_for(m.info, m.sk, o, m.path).predicted_ms);
-  for (std::size_t i = 0; i < table->size(); ++i) {
-    const Partition& p = table->at(i);
-    const std::uint64_t budget = table->grid()[i] + reserve;
-    if (!p.feasible || budget <= curve.back().first) continue;
-    curve.emplace_back(budget, std::min(p.predicted_ms, curve.back().second));
-  }
-  return curve;
+  return impl_->planner->latency_curve();
 }
 
 }  // namespace swapnet
