@@ -1,0 +1,194 @@
+// The multi-model Runtime's state (internal to the scheduler module), shared by its three
+// files: runtime_api.cpp (open, and the public API), runtime_worker.cpp (the worker threads
+// that serve requests, and the central scheduler's hand-off of workers) and runtime.cpp
+// (budget changes: targets, moves, sheds, splitting again with learned costs).
+#pragma once
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "swapnet/scheduler.h"
+
+namespace swapnet {
+
+// Named, not anonymous: Runtime::Impl, one type in every file, holds these.
+namespace runtime_detail {
+
+using Clock = std::chrono::steady_clock;
+inline double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct Request {
+  std::vector<c10::IValue> inputs;
+  std::promise<c10::IValue> done;
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline{};  // epoch: none
+};
+
+// A central scheduler's answer to a job waiting for a worker.
+enum class Grant { kNone, kGo, kDrop };
+
+// How many times an executor took learned costs and its plan followed them: put a new plan in
+// force, or kept the one in force (Note [A re-plan must gain] in executor.cpp). Either way its
+// latency curve changed, and the split is made again with it (Note [Splitting with learned costs]
+// in runtime.cpp).
+inline std::uint64_t learned_count(const Executor::Learning& l) { return l.adopted + l.kept_plans; }
+
+struct Worker {
+  RuntimeModel spec;
+  std::unique_ptr<Executor> exec;
+  int account = 0;
+  std::deque<Request> queue;
+  std::uint64_t budget = 0;  // in force; 0 = paused
+  bool moving = false;       // move() is under way (unlocked), towards `moving_to`
+  std::uint64_t moving_to = 0;
+  // Executor::shed() gave back all but the running layer's weights for a cut to `shed_target`
+  // (0: paused); cleared when the worker next moves or goes on.
+  bool shed = false;
+  std::uint64_t shed_target = 0;
+  ModelStatus st;
+  std::thread thread;
+  // Central scheduling: waiting for a worker (as `cand`), and the answer.
+  bool waiting = false;
+  Grant grant = Grant::kNone;
+  DispatchCandidate cand;
+  double read_priority = 0;  // on a shared disk (disk-aware schedulers)
+  std::uint64_t learned_seen = 0;                // learned_count() taken into the split
+  std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
+  double ms_per_byte = 0;                        // the cost model's read time
+  std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
+  double error_sum = 0;                          // sum of |estimate - measured| / measured
+  std::uint64_t error_n = 0;
+  // Expected time of block [a, b]: its EWMA, seeded with the cost model's (the read when it is
+  // longer than the execution and the block is swapped).
+  Ewma& block_estimate(int a, int b, bool resident) {
+    Ewma& e = estimate[{a, b}];
+    if (e.samples == 0 && e.value == 0) {
+      double exec = 0, bytes = 0;
+      for (int k = a; k <= b && k < static_cast<int>(costs.size()); ++k) {
+        exec += costs[k].exec_ms;
+        bytes += static_cast<double>(costs[k].bytes);
+      }
+      e.value = std::max(resident ? 0.0 : bytes * ms_per_byte, exec);
+      if (e.value <= 0) e.value = 0.01;
+    }
+    return e;
+  }
+  // Under the runtime's lock, between steps: the expected times of the next block, of the rest
+  // (next block included) and of the block after the next (0: none).
+  struct Expected {
+    double next = 0, rest = 0, then = 0;
+  };
+  Expected expected() {
+    const ExecutionPlan& p = exec->plan();
+    const int next = exec->in_inference() ? exec->next_layer() : 0;
+    Expected e;
+    int seen = 0;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      if (p.blocks[b].second < next) continue;
+      const double ms = block_estimate(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0).value;
+      if (seen == 0) e.next = ms;
+      if (seen == 1) e.then = ms;
+      ++seen;
+      e.rest += ms;
+    }
+    return e;
+  }
+  // The plan's block the next step runs (-1: none left).
+  int next_block() const {
+    const ExecutionPlan& p = exec->plan();
+    const int next = exec->in_inference() ? exec->next_layer() : 0;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      if (p.blocks[b].second >= next) return static_cast<int>(b);
+    }
+    return -1;
+  }
+};
+
+// What one request came to: serve()'s steps fill it in (runtime_worker.cpp).
+struct Served;
+
+}  // namespace runtime_detail
+
+struct Runtime::Impl {
+  using Clock = runtime_detail::Clock;
+  using Request = runtime_detail::Request;
+  using Worker = runtime_detail::Worker;
+  using Served = runtime_detail::Served;
+  using Grant = runtime_detail::Grant;
+
+  std::vector<std::unique_ptr<Worker>> w;
+  std::vector<ModelDemand> demands;
+  std::shared_ptr<const BudgetPolicy> policy;
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  bool stop = false;
+  std::uint64_t total = 0;
+  std::vector<std::uint64_t> target;  // per model; 0 = paused
+  std::vector<std::string> reason;    // per model: why it is paused
+  std::vector<Adaptation> adaptations;
+  Clock::time_point t0 = Clock::now();
+  Clock::time_point notified;
+  // Central scheduling (RuntimeOptions::scheduler); null under "threads".
+  std::unique_ptr<DispatchPolicy> dispatch;
+  bool disk_aware = false;  // the models' reads take turns on their disk by urgency (dispatch.cpp)
+  std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
+  int free_workers = 0;
+  double dispatch_us_sum = 0;
+  std::uint64_t decisions = 0;
+
+  // Cuts the shedding thread makes (Note [Shedding off the caller's thread] in runtime.cpp).
+  struct ShedOrder {
+    size_t model = 0;
+    std::uint64_t to = 0;     // the model's target when the cut was made
+    std::uint64_t moves = 0;  // its budget_changes then (a move since makes the order moot)
+  };
+  std::deque<ShedOrder> sheds;  // under mu
+  std::thread shedder;
+
+  // Each function's comment, where it is defined, says whether it holds `mu` on entry and return.
+  // ---- the workers (runtime_worker.cpp) ----
+  void loop(size_t i);
+  void serve(size_t i, Request r, std::unique_lock<std::mutex>& lk);
+  void run_inference(size_t i, Request& r, std::unique_lock<std::mutex>& lk, Served& s);
+  bool run_block(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s);
+  void between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s);
+  void count_served(size_t i, const Request& r, const Served& s);
+  // Central scheduling: a worker for each block.
+  bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, bool* abandoned);
+  void release(size_t i, std::pair<int, int> block, bool resident, double ms, std::unique_lock<std::mutex>& lk);
+  void dispatch_locked();
+  void set_read_priority(Worker& x, double p);
+
+  // ---- budget changes (runtime.cpp) ----
+  std::uint64_t holds(size_t j) const;
+  bool shrink_pending() const;
+  bool settled() const;
+  bool in_effect() const;
+  bool can_move(size_t i) const;
+  void note_if_settled();
+  static void keep_activations(Worker& x, bool running);
+  void record_plan(Worker& x);
+  void move(size_t i, std::unique_lock<std::mutex>& lk);
+  void shed_loop();
+  Allocation plan(std::uint64_t bytes) const { return allocate(*policy, demands, bytes); }
+  void learned(size_t i, std::unique_lock<std::mutex>& lk);
+  void retarget(const Allocation& a, std::uint64_t bytes, Clock::time_point t, double plan_ms, const std::string& note);
+  void set_targets(const Allocation& a);
+};
+
+}  // namespace swapnet

@@ -1,0 +1,322 @@
+// The multi-model Runtime's workers (scheduler.h): one thread per model takes its requests in
+// turn and runs each block by block, moving to a new budget between blocks (Note [Moving to a
+// new budget] in runtime.cpp); under a central scheduler each block waits for a worker, which
+// the dispatch policy (dispatch.cpp) hands out.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "runtime_impl.h"
+
+namespace swapnet {
+
+using runtime_detail::learned_count;
+using runtime_detail::ms_between;
+
+namespace runtime_detail {
+
+// What one request came to, filled in by serve()'s steps.
+struct Served {
+  bool ok = false, abandoned = false, dropped = false, met = false;
+  c10::IValue result;
+  std::exception_ptr error;
+  std::uint64_t model_peak = 0, held = 0, act = 0, base = 0, learned_now = 0;
+};
+
+}  // namespace runtime_detail
+
+// Worker i's thread: serves its requests in turn, and moves to a new target when it may.
+void Runtime::Impl::loop(size_t i) {
+  Worker& x = *w[i];
+  if (!x.spec.cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : x.spec.cpus) CPU_SET(c, &set);
+    if (int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set)) {
+      log_once(LogLevel::kWarn, "pin_" + x.spec.name,
+               x.spec.name + ": cannot pin to its CPUs: " + std::string(std::strerror(rc)) + "; running unpinned");
+    }
+  }
+  // OpenMP: a thread's pool size is its own once initialised; set ours after libtorch's
+  // first-use initialisation so it is not overwritten.
+  at::internal::lazy_init_num_threads();
+  if (x.spec.threads > 0) at::set_num_threads(x.spec.threads);
+  set_thread_cpu_account(x.account);
+  c10::InferenceMode guard;
+  std::unique_lock<std::mutex> lk(mu);
+  while (true) {
+    // A model that is paused but about to run again (waiting for others to shrink) keeps
+    // its requests until it has moved.
+    cv.wait(lk, [&] { return stop || can_move(i) || (!x.queue.empty() && (x.budget > 0 || target[i] == 0)); });
+    if (stop) break;
+    if (can_move(i)) {
+      move(i, lk);
+      continue;
+    }
+    Request r = std::move(x.queue.front());
+    x.queue.pop_front();
+    if (x.budget == 0) {
+      ++x.st.rejected;
+      r.done.set_exception(std::make_exception_ptr(Error(x.spec.name + ": paused: " + reason[i])));
+      continue;
+    }
+    serve(i, std::move(r), lk);
+  }
+  for (auto& r : x.queue) r.done.set_exception(std::make_exception_ptr(Error(x.spec.name + ": runtime stopped")));
+  x.queue.clear();
+}
+// Worker i, under `lk`: runs one request block by block, moving to a new target between
+// blocks (Note [Moving to a new budget]).
+void Runtime::Impl::serve(size_t i, Request r, std::unique_lock<std::mutex>& lk) {
+  Worker& x = *w[i];
+  lk.unlock();
+  Served s;
+  s.learned_now = x.learned_seen;
+  run_inference(i, r, lk, s);
+  lk.lock();
+  count_served(i, r, s);
+  // Answered once counted: status() read after a result includes it.
+  lk.unlock();
+  if (s.ok) {
+    r.done.set_value(std::move(s.result));
+  } else {
+    r.done.set_exception(s.error);
+  }
+  lk.lock();
+  if (s.learned_now != x.learned_seen) {  // after the answer: the caller does not wait for it
+    try {
+      learned(i, lk);
+    } catch (const std::exception& e) {
+      // Making the curve again (an executor without a grid builds one here) failed: the split
+      // stays as it is, and this worker goes on serving.
+      if (!lk.owns_lock()) lk.lock();
+      x.learned_seen = s.learned_now;
+      log(LogLevel::kWarn, x.spec.name + ": its costs were learned, but its latency curve could not be made again (" +
+                               e.what() + "): the budget split stays");
+    }
+  }
+}
+// Worker i, unlocked on entry and return: the request's inference, block by block, and what
+// it measured; its failure is in `s.error`.
+void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mutex>& lk, Served& s) {
+  Worker& x = *w[i];
+  try {
+    x.exec->reset_weight_peak();
+    reset_cpu_account_peak(x.account);
+    s.base = cpu_account(x.account).current;
+    x.exec->begin(std::move(r.inputs));
+    while (!run_block(i, r, lk, s)) between_blocks(i, lk, s);
+    c10::IValue out = x.exec->finish();
+    s.learned_now = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
+    const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
+    // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
+    // reserve] in executor.cpp), at once.
+    s.act = cpu_account(x.account).peak_with_lent - s.base;
+    const WeightMemory wm = x.exec->weight_memory();
+    s.held = wm.held;
+    s.model_peak = wm.peak + s.act;
+    s.result = std::move(out);
+    s.ok = true;
+    s.met = !late;
+  } catch (...) {
+    if (x.exec->in_inference()) x.exec->abort();
+    s.error = std::current_exception();
+  }
+}
+// Worker i, unlocked on entry and return: runs the inference's next block, on a worker the
+// central scheduler grants when there is one. true: the inference is finished.
+bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s) {
+  Worker& x = *w[i];
+  const bool central = dispatch != nullptr;
+  std::pair<int, int> block{-1, -1};
+  bool resident = false;
+  if (central) {
+    if (!acquire(i, r, lk, &s.abandoned)) {
+      s.dropped = true;
+      throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
+    }
+    const int b = x.next_block();
+    if (b >= 0) {
+      block = x.exec->plan().blocks[static_cast<size_t>(b)];
+      resident = x.exec->plan().resident[static_cast<size_t>(b)] != 0;
+    }
+  }
+  const Clock::time_point started = Clock::now();
+  bool finished = false;
+  try {
+    finished = x.exec->step();
+  } catch (...) {
+    if (central) release(i, {-1, -1}, false, 0, lk);
+    throw;
+  }
+  if (central) release(i, block, resident, ms_between(started, Clock::now()), lk);
+  return finished;
+}
+// Worker i, unlocked on entry and return: between two blocks, moves to a new target (Note
+// [Moving to a new budget]); throws when the model was paused meanwhile.
+void Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s) {
+  Worker& x = *w[i];
+  lk.lock();
+  if (can_move(i)) {
+    ++x.st.mid_inference_moves;
+    move(i, lk);  // resets the peaks: what follows is measured against the new budget
+  }
+  x.shed = false;  // moved, or goes on within the budget in force (re-read at the next step)
+  const bool paused = x.budget == 0;
+  const std::string why = reason[i];
+  lk.unlock();
+  if (paused || !x.exec->in_inference()) {
+    s.abandoned = true;
+    throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
+  }
+}
+// Worker i, under mu: counts the request served in the model's status.
+void Runtime::Impl::count_served(size_t i, const Request& r, const Served& s) {
+  Worker& x = *w[i];
+  const std::uint64_t budget = x.budget;
+  std::uint64_t over = 0;
+  if (s.ok && s.held + s.act > budget) over = s.held + s.act;
+  // A new input's activations, once measured, may have raised the reserve (Note [Dynamic shapes]).
+  if (s.ok && budget > 0 && !x.shed) keep_activations(x, true);
+  if (r.deadline != Clock::time_point{}) {
+    ++x.st.deadline_requests;
+    x.st.deadline_met += s.ok && s.met ? 1 : 0;
+  }
+  if (s.ok) {
+    ++x.st.requests;
+    x.st.peak_model_bytes = std::max(x.st.peak_model_bytes, s.model_peak);
+    if (over) {
+      ++x.st.over_budget;
+      log_once(LogLevel::kWarn, "over_budget_" + x.spec.name,
+               x.spec.name + ": held " + std::to_string(over) + " bytes (weights " + std::to_string(s.held) +
+                   " + activations " + std::to_string(s.act) + ") over its budget " + std::to_string(budget) +
+                   " bytes (plan: " + std::to_string(x.exec->plan().total()) + " bytes, " +
+                   std::to_string(x.exec->plan().blocks.size()) + " blocks, activations reserved " +
+                   std::to_string(x.exec->plan().activation_bytes) + ")");
+    }
+  } else if (s.dropped) {
+    ++x.st.dropped;
+  } else if (s.abandoned) {
+    ++x.st.abandoned;
+  } else {
+    ++x.st.failed;
+  }
+  // Reading ahead for a request not yet here comes after every request waiting.
+  if (disk_aware) set_read_priority(x, std::numeric_limits<double>::infinity());
+}
+
+// ---- central scheduling: a worker for each block ----
+
+// Worker i, unlocked on entry and return: waits for a worker for its next block, moving to a
+// new target meanwhile. false: the scheduler dropped the request.
+// *abandoned: the model was paused while waiting (the Error thrown says so).
+bool Runtime::Impl::acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, bool* abandoned) {
+  Worker& x = *w[i];
+  lk.lock();
+  while (true) {
+    const Worker::Expected e = x.expected();
+    x.cand = DispatchCandidate{static_cast<int>(i), ms_between(t0, r.arrival),
+                               r.deadline == Clock::time_point{} ? 0.0 : std::max(1e-3, ms_between(t0, r.deadline)),
+                               e.next, e.rest, e.then};
+    x.grant = Grant::kNone;
+    x.waiting = true;
+    dispatch_locked();
+    cv.wait(lk, [&] { return x.grant != Grant::kNone || stop || can_move(i); });
+    if (x.grant != Grant::kNone) break;
+    x.waiting = false;
+    if (stop) {
+      lk.unlock();
+      throw Error(x.spec.name + ": runtime stopped");
+    }
+    ++x.st.mid_inference_moves;
+    move(i, lk);
+    if (x.budget == 0 || !x.exec->in_inference()) {
+      const std::string why = reason[i];
+      *abandoned = true;
+      lk.unlock();
+      throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
+    }
+  }
+  const bool go = x.grant == Grant::kGo;
+  x.grant = Grant::kNone;
+  lk.unlock();
+  return go;
+}
+// Worker i, unlocked: block [a, b] ran in `ms` on the worker it is giving back.
+void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, double ms, std::unique_lock<std::mutex>& lk) {
+  Worker& x = *w[i];
+  lk.lock();
+  ++free_workers;
+  if (block.first >= 0 && ms > 0) {
+    Ewma& e = x.block_estimate(block.first, block.second, resident);
+    x.error_sum += std::abs(e.value - ms) / ms;
+    ++x.error_n;
+    x.st.estimate_error = x.error_sum / static_cast<double>(x.error_n);
+    e.add(ms);
+  }
+  dispatch_locked();
+  lk.unlock();
+}
+// Under mu: hands free workers to waiting jobs, as the policy picks.
+void Runtime::Impl::dispatch_locked() {
+  bool changed = false;
+  while (dispatch && free_workers > 0) {
+    const Clock::time_point t = Clock::now();  // a decision: the candidates' refresh and the pick
+    std::vector<DispatchCandidate> c;
+    std::vector<size_t> who;
+    for (size_t j = 0; j < w.size(); ++j) {
+      if (w[j]->waiting) {
+        if (dispatch->reads_unread()) {  // Note [The disk as a scheduled resource]
+          // Never waits on a lock: when the executor or its reader is busy, the last value
+          // stands (0 for a new candidate, as a blind policy sees it; a read never un-lands,
+          // and a stale "unread" only defers the job one decision).
+          Worker& x = *w[j];
+          std::uint64_t unread = 0;
+          if (x.exec->try_next_block_unread_bytes(&unread)) {
+            x.cand.unread_ms = static_cast<double>(unread) * std::max(x.ms_per_byte, 1e-9);
+          }
+        }
+        if (disk_aware) set_read_priority(*w[j], dispatch->urgency(w[j]->cand));
+        c.push_back(w[j]->cand);
+        who.push_back(j);
+      }
+    }
+    if (c.empty()) break;
+    const DispatchDecision d = dispatch->pick(c, ms_between(t0, t));
+    dispatch_us_sum += ms_between(t, Clock::now()) * 1000;
+    ++decisions;
+    for (int k : d.drop) {
+      w[who[static_cast<size_t>(k)]]->waiting = false;
+      w[who[static_cast<size_t>(k)]]->grant = Grant::kDrop;
+      changed = true;
+    }
+    if (d.pick < 0) {
+      if (d.drop.empty()) break;
+      continue;
+    }
+    Worker& x = *w[who[static_cast<size_t>(d.pick)]];
+    x.waiting = false;
+    x.grant = Grant::kGo;
+    // The block now holding a core reads first: behind a more urgent job still waiting for a
+    // core, its core would idle until that job's reads were done (priority inversion).
+    if (disk_aware) set_read_priority(x, -std::numeric_limits<double>::infinity());
+    --free_workers;
+    changed = true;
+  }
+  if (changed) cv.notify_all();
+}
+// Under mu: a job's read priority on its shared disk, told to the disk only when it moved.
+void Runtime::Impl::set_read_priority(Worker& x, double p) {
+  if (p == x.read_priority) return;
+  x.read_priority = p;
+  x.exec->set_read_priority(p);
+}
+
+}  // namespace swapnet
