@@ -36,7 +36,7 @@ struct Account {
   // a new input (Note [Dynamic shapes]) never runs past the budget.
   std::atomic<std::uint64_t> limit{0};
   std::atomic<bool> refused{false};
-  // Bytes not placed in a zone (Note [Lending the activation reserve] in executor.cpp), now and
+  // Bytes not placed in a zone (Note [Lending the activation reserve] in zone_lender.cpp), now and
   // the most since the zone's last reset: they share the reserve with the zone's chunks.
   std::atomic<std::uint64_t> unzoned{0};
   std::atomic<std::uint64_t> unzoned_peak{0};
@@ -83,7 +83,7 @@ struct Region {
   std::size_t live = 0;                        // bytes placed
   std::map<std::size_t, std::size_t> holes;    // offset -> length, coalesced
   bool retired = false;
-  // A zone (Note [Lending the activation reserve] in executor.cpp): a ring's memory, kept mapped
+  // A zone (Note [Lending the activation reserve] in zone_lender.cpp): a ring's memory, kept mapped
   // by `owner` while chunks live in it; the ring lends the bytes below `floor` to blocks.
   std::shared_ptr<void> owner;
   std::uint64_t id = 0;
@@ -381,7 +381,7 @@ void set_cpu_account_cache(int account, std::uint64_t cap) {
   {
     std::lock_guard<std::mutex> lk(c.mu);
     // A ring's zone is the model's activation cache already (Note [Lending the activation
-    // reserve] in executor.cpp): it stays until the cache is turned off.
+    // reserve] in zone_lender.cpp): it stays until the cache is turned off.
     if (c.region && (c.region->size == cap || (c.region->owner && cap > 0))) return;
     old = replace_region(c, cap > 0 ? std::make_unique<Region>(cap) : nullptr);
   }

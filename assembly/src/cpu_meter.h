@@ -16,7 +16,7 @@ int thread_cpu_account();
 // Installs the meter; whether libtorch's CPU allocations go through it (a host program may have
 // set an allocator of higher priority: then nothing is placed in zones).
 bool cpu_meter_active();
-// Note [Lending the activation reserve] (executor.cpp): makes [base, base + bytes), a ring's
+// Note [Lending the activation reserve] (zone_lender.cpp): makes [base, base + bytes), a ring's
 // zone, the account's region (the region before retires, as a new cache cap retires it), kept
 // mapped by `owner` while chunks live in it. Returns the zone's id (0: no such account).
 std::uint64_t set_cpu_account_zone(int account, char* base, std::uint64_t bytes, std::shared_ptr<void> owner);

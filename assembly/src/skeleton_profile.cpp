@@ -95,7 +95,7 @@ c10::IValue Skeleton::profile(const std::vector<c10::IValue>& inputs, const Prof
 std::uint64_t measure_activation_bytes(const Skeleton& sk, const std::vector<c10::IValue>& inputs,
                                        std::vector<std::uint64_t>* layer_peaks) {
   install_cpu_meter();
-  // Note [Lending the activation reserve] (executor.cpp): the reserve becomes a zone that places
+  // Note [Lending the activation reserve] (zone_lender.cpp): the reserve becomes a zone that places
   // chunks from its end, best fit; fragmentation makes their extent exceed the bytes live at
   // once. So the forward runs under an account of its own whose region is a zone too large to
   // fill (address space only: pages are touched where chunks land), and the reserve (and each
