@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Costs learned in service (Note [Learning the costs in service] in assembly/src/executor.cpp):
+# Costs learned in service (Note [Learning the costs in service] in assembly/src/cost_learner.cpp):
 # the paper's four models at the storage table's budgets (1/3 of their bytes, or their minimum)
 # on an emulated disk (SWAPNET_EMULATE_READ: the block readers serve at that rate) or, with
 # --throttle, under the blkio throttle (bench/throttle.sh), planned with the profile measured at

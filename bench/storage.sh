@@ -17,7 +17,7 @@
 #                    [--models "resnet101 yolov3 fcn_resnet101 vgg19"] [--read-ahead ring|paper]
 #                    [--emulate]
 # --emulate: instead of the blkio throttle, the block readers emulate a disk of each rate
-# (SWAPNET_EMULATE_READ; Note [An emulated disk] in swapcore/src/reader.cpp): no credit for time
+# (SWAPNET_EMULATE_READ; Note [An emulated disk] in swapcore/src/emulated_disk.cpp): no credit for time
 # the disk idled, as on a real one (the throttle grants a slice of bytes at once after idling).
 # Files get the suffix _emulated.
 # Writes bench/results/storage.csv, storage.md, storage_<rate>_<model>.json (the run) and

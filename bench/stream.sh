@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two read-ahead modes side by side: by default streaming into the ring (Note [Streaming into
 # the ring]) against waiting for a block's whole room (ring-whole); `--modes "ring ring-blocks"`
-# compares layer-by-layer pipelining (Note [Layer by layer] in assembly/src/executor.cpp) with
+# compares layer-by-layer pipelining (Note [Layer by layer] in assembly/src/read_ahead.cpp) with
 # block by block; `--modes "ring ring-reserved"` lending the activation reserve to blocks (Note
 # [Lending the activation reserve]) with keeping it for activations; `--modes "ring ring-serial"`
 # reading blocks past a streamed block that waits with reading nothing after it until it is whole
@@ -11,7 +11,7 @@
 #   bench/stream.sh [--rounds N] [--iters N] [--rates "400MB/s 1GB/s"] [--models "..."]
 #                   [--modes "ring ring-whole"] [--tag NAME] [--emulate]
 # --emulate: the readers emulate each rate (SWAPNET_EMULATE_READ; Note [An emulated disk] in
-# swapcore/src/reader.cpp: no credit for idle time) instead of the blkio throttle, with the
+# swapcore/src/emulated_disk.cpp: no credit for idle time) instead of the blkio throttle, with the
 # profiles bench/storage.sh --emulate measured (storage_emulated_profile_<rate>.json); files get
 # the suffix _emulated.
 # Plans with the profile bench/storage.sh measured under each throttle

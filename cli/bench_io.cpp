@@ -154,7 +154,7 @@ double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t
     throw;
   }
   free_aligned(region);
-  // Under an emulated disk (Note [An emulated disk] in swapcore/src/reader.cpp) the readers get
+  // Under an emulated disk (Note [An emulated disk] in swapcore/src/emulated_disk.cpp) the readers get
   // at most its rate, kept busy exactly that.
   const double emulated = emulated_read_bytes_per_s();
   if (emulated > 0) mb_s = std::min(mb_s, emulated / 1e6);

@@ -13,7 +13,7 @@
 // The weights are swapped per call. The state grows with every token, so every call's input is
 // larger than the last: before timing, the prompt call and one call at the final context (a
 // zero state of that length) run once, so that the executor measures their activations within
-// the budget (Note [Dynamic shapes] in executor.cpp) and plans the whole generation with them; a
+// the budget (Note [Dynamic shapes] in input_meter.cpp) and plans the whole generation with them; a
 // cache that cannot fit is refused there, with the numbers, before any token is generated. Then
 // the generation is timed: time to first token (the prompt's call), tokens/s over the other
 // calls, bytes read per token, and the peak of weights + activations (the state included). The

@@ -379,7 +379,7 @@ int pack(const std::string& model, const std::string& out, const Common& c, cons
       throw Error(model + ": --input-profile '" + text + "': " + e.what());
     }
     po.input_profiles.push_back(InputProfile{bytes, describe_inputs(more)});
-    // The reserve planned at open holds every profile (Note [Dynamic shapes] in executor.cpp).
+    // The reserve planned at open holds every profile (Note [Dynamic shapes] in input_meter.cpp).
     po.activation_bytes = std::max(po.activation_bytes, bytes);
   }
   const bool tty = ::isatty(2) != 0 && !c.json;

@@ -196,7 +196,7 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
       }
       done += static_cast<std::uint64_t>(n);
     }
-    emulated_read_wait(queued, len);  // Note [An emulated disk] (swapcore/src/reader.cpp)
+    emulated_read_wait(queued, len);  // Note [An emulated disk] (swapcore/src/emulated_disk.cpp)
     *bytes_read += len;
     (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
     for (int k = first; k <= last; ++k) {
@@ -311,7 +311,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   std::vector<double> lat;
   std::vector<c10::IValue> outs;
   std::uint64_t read_before = 0, read_after = 0, arena_peak = 0, act_peak = 0, pinned = 0, arena_bytes = 0;
-  // Note [Lending the activation reserve] in executor.cpp: the most of activations and the blocks
+  // Note [Lending the activation reserve] in zone_lender.cpp: the most of activations and the blocks
   // lent their reserve's bytes at once.
   std::uint64_t act_lent_peak = 0;
   std::uint64_t resident_bytes = 0;
@@ -321,7 +321,7 @@ json run_one(const std::string& path, const Common& c, const RunOptions& o) {
   double bind_us = 0;
   std::uint64_t streamed = 0, remeasured = 0, reserve_after = 0;
   json learning;  // --learn: Executor::learning()
-  json pipeline = json::object();  // per timed inference (Note [Layer by layer] in executor.cpp)
+  json pipeline = json::object();  // per timed inference (Note [Layer by layer] in read_ahead.cpp)
   const int iters = std::max(1, o.iters);
   auto measure = [&](const std::function<c10::IValue()>& fwd, const std::function<std::uint64_t()>& bytes,
                      const std::function<void()>& timed = nullptr,

@@ -25,7 +25,7 @@ struct Common {
   std::uint64_t seed = 0;                 // --seed of the random input
   std::string log_level = "warn";         // --log-level
   // --split-above SIZE (inspect, verify, pack of a .pt): SkeletonOptions::split_above; empty: its
-  // default (Note [Splitting large layers] in assembly/src/skeleton.cpp).
+  // default (Note [Splitting large layers] in assembly/src/skeleton_split.cpp).
   std::string split_above;
   std::string split_part;  // --split-part SIZE: SkeletonOptions::split_part; empty: its default
 };

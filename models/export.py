@@ -106,7 +106,7 @@ class MaskedEncoder(nn.Module):
 
 class Recurrent(nn.Module):
     """A 2-layer LSTM (or bidirectional GRU) and a linear head: the fused kernels take the
-    module's _flat_weights, a list of tensors (Note [Tensor lists] in assembly/src/skeleton.cpp)."""
+    module's _flat_weights, a list of tensors (Note [Tensor lists] in assembly/src/skeleton_lift.cpp)."""
 
     def __init__(self, kind: str):
         super().__init__()

@@ -303,7 +303,7 @@ for spec in "resnet101 3" "yolov3 3" "vgg19 3" "resnet101 2" "yolov3 2"; do
 done
 
 # A disk of constant rate, Jetson-class (SWAPNET_EMULATE_READ: the reader paces its reads; Note
-# [An emulated disk] in swapcore/src/reader.cpp): the VM's disk bursts above the raw rate measured
+# [An emulated disk] in swapcore/src/emulated_disk.cpp): the VM's disk bursts above the raw rate measured
 # beside each run (run 3: 1.2-1.3x), which made the ratios to the bound read below 1. Planned
 # with a profile measured at that rate.
 for rate in 1GB/s 400MB/s; do

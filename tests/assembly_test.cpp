@@ -386,7 +386,7 @@ TEST(ParseShape, ReadsAndRefuses) {
 
 // Input specs (Note [Input specs]): dtypes, shapes (zero-size, 0-dim), integer ranges, None, the
 // float shorthand drawing what --input-shape always drew, one seed naming one input, errors.
-// Input profiles (Note [Dynamic shapes] in executor.cpp): what covers what.
+// Input profiles (Note [Dynamic shapes] in input_meter.cpp): what covers what.
 TEST(InputProfiles, CoverSmallerInputsOfTheSameKind) {
   std::vector<c10::IValue> big{at::zeros({1, 16}, at::kLong), c10::IValue(), at::zeros({8, 1, 8, 32, 64})};
   const std::vector<ImageInput> measured = describe_inputs(big);

@@ -5,7 +5,7 @@
 - verify is bit-identical with an empty cache (a zero-size dimension) and with a full one;
 - pack records the example input as the image's input profile (--input-profile adds more);
 - run --check is bit-identical at the minimum budget;
-- dynamic shapes (Note [Dynamic shapes] in assembly/src/executor.cpp): run with an input longer
+- dynamic shapes (Note [Dynamic shapes] in assembly/src/input_meter.cpp): run with an input longer
   than the one packed measures it within the budget (remeasured_inputs 1), bit-identical, under
   budget; an input the budget cannot hold is refused with the numbers;
 - swapnet generate (Note [Generation] in cli/cmd_generate.cpp) at half of the model: token

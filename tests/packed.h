@@ -69,7 +69,7 @@ inline std::string with_layer_times(const Packed& pk, const std::string& name, c
 }
 
 // The same image whose last layer says it takes 10 s (learning tests: Note [Learning the costs
-// in service] in executor.cpp).
+// in service] in cost_learner.cpp).
 inline std::string with_slow_last_layer(const Packed& pk, const std::string& name) {
   const int last = static_cast<int>(pk.info.layers.size()) - 1;
   return with_layer_times(pk, name, [&](int k, double t) { return k == last ? 1e4 : t; });

@@ -231,7 +231,7 @@ TEST(Partitioner, RingSimulationOnAWorkedExample) {
   EXPECT_NEAR(simulate_ms(l, b, {1, 0, 0}, 2 * kB, 0, m), 60.0, 1e-9);
 }
 
-// Layer by layer (Note [Layer by layer] in assembly/src/executor.cpp) on a worked example: a
+// Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp) on a worked example: a
 // ring of one block (16 MiB), two blocks of two 8 MiB layers, reads of 1 ms per MiB, 10 ms per
 // layer. Block by block, each block streams over the other's bytes only once it ended, and
 // waits for all of them: (16 + 20) ms per block. Layer by layer, the next block's first half
@@ -259,7 +259,7 @@ TEST(Partitioner, RingSimulationLayerByLayer) {
               simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, false), 1e-9);
 }
 
-// Note [Lending the activation reserve] in assembly/src/executor.cpp, worked out by hand: four
+// Note [Lending the activation reserve] in assembly/src/zone_lender.cpp, worked out by hand: four
 // 8 MiB layers of 10 ms, single-layer blocks, an 8 MiB ring, reads of 1 ms per MiB; the first
 // layer's activations need the whole 8 MiB reserve, the others nothing. With the reserve kept,
 // every block streams over the one before once it ended: 4 x (8 + 10) = 72 ms. Lent, the

@@ -80,7 +80,7 @@
 // be created with `lend` bytes more after its last byte: the *zone*, where the executor places
 // the model's activations (the CPU meter's region for its account, filled from the top down)
 // and lends what they leave to blocks whose whole stay in the ring falls where activations are
-// small (Note [Lending the activation reserve] in assembly/src/executor.cpp says how it decides).
+// small (Note [Lending the activation reserve] in assembly/src/zone_lender.cpp says how it decides).
 // push(bytes, limit) and push_streamed(bytes, limit) place a block only below `limit`
 // (capacity() <= limit <= capacity() + lend()); the block kept in part stays below capacity().
 // The ring's accounting counts only the bytes of blocks below capacity(): the zone is the

@@ -135,7 +135,7 @@ struct Simulation {
   }
 
   // Lending the activation reserve (`lend`; Note [Lending the activation reserve] in
-  // assembly/src/executor.cpp): the zone after the ring's last byte holds activations; a block
+  // assembly/src/zone_lender.cpp): the zone after the ring's last byte holds activations; a block
   // may end in it below what the layers from the one running when its read starts to its own
   // last need (their activation peak). Layers unrolled over the inferences played: end[u]
   // (infinite until computed), need[u], and a sparse table for the most need over a range.
@@ -386,7 +386,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
                    std::uint64_t retained_bytes, bool by_layer, std::uint64_t lend) {
   Prefix p(layers);
   size_t swapped = 0;
-  // Layer by layer (Note [Layer by layer] in assembly/src/executor.cpp): the deep ring only, not
+  // Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp): the deep ring only, not
   // the block kept in part.
   by_layer = by_layer && ring_depth == 0;
   const std::vector<Item> items =

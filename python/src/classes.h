@@ -23,14 +23,14 @@ namespace swapnet {
 using json = nlohmann::json;
 
 // Python's executors (swapnet.Executor, transparent swapping) learn their costs every 3
-// inferences unless told otherwise (Note [Learning the costs in service] in executor.cpp): a
+// inferences unless told otherwise (Note [Learning the costs in service] in cost_learner.cpp): a
 // program there runs with whatever profile this machine has, or none.
 inline constexpr int kPythonLearnAfter = 3;
 // Transparent swapping's: $SWAPNET_LEARN (0..1000), else kPythonLearnAfter; a value that is not
 // such a number is said once (and kPythonLearnAfter used: the program's model still runs).
 int learn_from_env();
 // Where transparent swapping keeps what an image's executor learned (Note [Learned costs kept]
-// in executor.cpp): nowhere by default; beside the image (IMAGE.learned.json) with
+// in cost_learner.cpp): nowhere by default; beside the image (IMAGE.learned.json) with
 // $SWAPNET_LEARN_STORE=beside. Off by default: under the blkio throttle a kept read rate was
 // learned in the throttle's burst, and the next process ran 1.04x longer (bench/learn_store.py).
 std::string learn_store_for(const std::string& image);
@@ -122,7 +122,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
         c10::IValue r = ex->finish();
         set_thread_cpu_account(previous);
         // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
-        // reserve] in executor.cpp), at once.
+        // reserve] in zone_lender.cpp), at once.
         activation_peak = std::max<std::uint64_t>(activation_peak, cpu_account(account).peak_with_lent - base);
         ++inferences;
         apply_pending();
@@ -232,7 +232,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     const Executor::PipelineStats ps = ex->pipeline_stats();
     const Executor::Learning learning = ex->learning();
     return json{{"image", image},
-                // Note [Layer by layer] in executor.cpp, since open: waiting for reads, layers
+                // Note [Layer by layer] in read_ahead.cpp, since open: waiting for reads, layers
                 // run while the rest of their block landed, ring bytes given back early.
                 {"read_wait_ms", ps.read_wait_ms},
                 {"layers_started_early", ps.layers_started_early},

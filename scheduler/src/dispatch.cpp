@@ -45,7 +45,7 @@
 // one SharedDisk per device and sets each job's read priority to the policy's urgency() at each
 // decision (a job with no request waiting reads last), so the disk serves the most urgent job's
 // blocks first instead of every model's read-ahead in the order it came (Note [One disk, read
-// by urgency] in reader.cpp).
+// by urgency] in shared_disk.cpp).
 #include <algorithm>
 #include <limits>
 #include <map>

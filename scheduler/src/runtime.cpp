@@ -206,7 +206,7 @@ void Runtime::Impl::shed_loop() {
 // Note [Splitting with learned costs]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A model that learns its costs (ExecutorOptions::learn_after, Note [Learning the costs in
-// service] in executor.cpp) re-plans its own blocks within its budget; but the split between
+// service] in cost_learner.cpp) re-plans its own blocks within its budget; but the split between
 // models was made with the latency curves of its costs at open. Worker i, under `lk`, after an
 // inference in which its executor took learned costs (a plan put in force with them, or the
 // plan in force kept: Note [A re-plan must gain] in executor.cpp): its demand (curve, full bytes,

@@ -117,7 +117,7 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
     s.learned_now = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
     const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
     // Activations, and blocks lent their reserve's bytes (Note [Lending the activation
-    // reserve] in executor.cpp), at once.
+    // reserve] in zone_lender.cpp), at once.
     s.act = cpu_account(x.account).peak_with_lent - s.base;
     const WeightMemory wm = x.exec->weight_memory();
     s.held = wm.held;

@@ -53,7 +53,7 @@ using detail::u64s;
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The burst a blkio throttle serves after idling (Note [An emulated disk] in emulated_disk.cpp)
 // also misleads whatever learns the disk's rate from its reads (bytes landed / time busy; Note
-// [Learning the costs in service] in executor.cpp): resnet101 under the throttle at
+// [Learning the costs in service] in cost_learner.cpp): resnet101 under the throttle at
 // 400 MB/s learned 533 MB/s from a window whose reads had started again after a 58 ms pause
 // (1015 MB/s in the 50 ms after it), re-planned for that disk, and learned 426 MB/s a window
 // later; a plan kept from such a window (Note [Learned costs kept]) was made for a disk faster

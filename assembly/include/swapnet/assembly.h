@@ -2,7 +2,7 @@
 // and execution of its layers with parameters bound by reference.
 //
 // A Skeleton is built once per model, generally, for any TorchScript module whose forward is a
-// data-flow graph (see Note [Layered skeleton] in assembly/src/skeleton.cpp):
+// data-flow graph (see Note [Layered skeleton] in assembly/src/skeleton_impl.h):
 //  - every parameter, buffer and tensor attribute becomes a *slot* with a fixed index (with
 //    SkeletonOptions::split_above, a large weight becomes one slot per part of its rows: Note
 //    [Splitting large layers]); non-tensor attributes become constants;
@@ -90,7 +90,7 @@ struct PackOptions {
 struct SkeletonOptions {
   // A convolution (groups 1) or linear layer whose weight is larger than this many bytes is
   // computed in parts (of split_part, below) along its output channels, their outputs joined with
-  // aten::cat (Note [Splitting large layers] in skeleton.cpp): each part is a layer of its own,
+  // aten::cat (Note [Splitting large layers] in skeleton_split.cpp): each part is a layer of its own,
   // read, held and given back a part at a time, so no budget needs room for the whole layer
   // (vgg19's fc6 is 392 MiB) and the disk reads on while a part computes. 0 (the default for
   // Skeleton::load): never split; `swapnet pack` and the Python package split above
@@ -230,7 +230,7 @@ SWAPNET_API Skeleton load_for_pack(const std::string& path, const std::vector<c1
 struct CpuMeterStats {
   std::uint64_t current = 0;
   std::uint64_t peak = 0;
-  // Note [Lending the activation reserve] in executor.cpp: bytes of activation zones (the
+  // Note [Lending the activation reserve] in zone_lender.cpp: bytes of activation zones (the
   // account's, or all) lent to blocks now, and the most of `current` + those at once since the
   // last reset (what activations and the blocks using their reserve held together).
   std::uint64_t lent = 0;
@@ -259,7 +259,7 @@ struct ActivationCacheStats {
   std::uint64_t misses = 0;        // allocations the region could not place (libtorch's allocator)
 };
 // Where an executor made its ring's activation zone the account's region (Note [Lending the
-// activation reserve] in executor.cpp), a nonzero cap leaves that zone in place.
+// activation reserve] in zone_lender.cpp), a nonzero cap leaves that zone in place.
 SWAPNET_API void set_cpu_account_cache(int account, std::uint64_t cap);
 SWAPNET_API ActivationCacheStats cpu_account_cache(int account);
 // Peak CPU bytes one layered forward of `sk` allocates for `inputs` (input copies included, held
@@ -326,14 +326,14 @@ struct ExecutorOptions {
   // streamed block until it is whole (read-ahead "ring-serial", for comparison).
   bool read_past_streamed = true;
   // kRing on host memory: a block's layers run as their bytes land and give their ring bytes
-  // back as they end (Note [Layer by layer] in executor.cpp); false: block by block (read-ahead
+  // back as they end (Note [Layer by layer] in read_ahead.cpp); false: block by block (read-ahead
   // "ring-blocks", for comparison).
   bool layer_by_layer = true;
   // kRing on host memory: blocks use the activation reserve's bytes the activations leave
-  // (Note [Lending the activation reserve] in executor.cpp); false: activations keep the whole
+  // (Note [Lending the activation reserve] in zone_lender.cpp); false: activations keep the whole
   // reserve all the time (read-ahead "ring-reserved", for comparison).
   bool lend = true;
-  // Note [Learning the costs in service] in executor.cpp: the planner's costs checked against
+  // Note [Learning the costs in service] in cost_learner.cpp: the planner's costs checked against
   // the inferences themselves. Every `learn_after` inferences (0: never; a sliding window), the
   // median time each layer ran in them (from when its bytes had landed) and the rate the disk
   // read at while it had our reads are put into the cost model; when the plan in force,
@@ -347,7 +347,7 @@ struct ExecutorOptions {
   // inferences to set one disturbed inference aside).
   int learn_after = 0;
   double learn_threshold = 0.1;
-  // A window also spans at least this long (Note [Noise in the window] in executor.cpp): a model
+  // A window also spans at least this long (Note [Noise in the window] in cost_learner.cpp): a model
   // of 10 ms an inference that shares its cores sees its costs change with what the others run,
   // from one run of inferences to the next; a second of them is the mixture its plan runs in.
   double learn_window_ms = 1000;
@@ -512,7 +512,7 @@ class SWAPNET_API Executor {
   std::uint64_t bytes_used() const;
   // Blocks read streamed into ring space older blocks still held, since open.
   std::uint64_t streamed_blocks() const;
-  // Layer-granular pipelining (Note [Layer by layer] in executor.cpp), since open: how long the
+  // Layer-granular pipelining (Note [Layer by layer] in read_ahead.cpp), since open: how long the
   // executing thread waited for bytes to land (0 when reads always beat compute), layers that
   // ran while the rest of their block was still being read, and ring bytes given back to the
   // next blocks before the block holding them ended.
@@ -527,7 +527,7 @@ class SWAPNET_API Executor {
     // layer inside a block while the ring lends (Note [Lending the activation reserve]): before,
     // a block held back by a layer's activations waited for the end of the running block.
     std::uint64_t read_at_layer_end = 0;
-    // Note [Lending the activation reserve] in executor.cpp, since open: the zone's size (the
+    // Note [Lending the activation reserve] in zone_lender.cpp, since open: the zone's size (the
     // activation reserve; 0: no lending), the most ring bytes lent to blocks at once, the most
     // zone bytes in use at once (activations + lent blocks; never above zone_bytes), and
     // activations that found no room above the lent bytes (placed outside, by libtorch).
@@ -540,7 +540,7 @@ class SWAPNET_API Executor {
     double disk_busy_ms = 0;
   };
   PipelineStats pipeline_stats() const;
-  // Inputs whose activations were measured since open (Note [Dynamic shapes] in executor.cpp):
+  // Inputs whose activations were measured since open (Note [Dynamic shapes] in input_meter.cpp):
   // an inference whose inputs no recorded profile covers runs with weights at their least and
   // activations allowed the rest of the budget (past it the allocator refuses: the inference
   // fails with the numbers); its peak then joins input_profiles() and the reserve.
@@ -566,7 +566,7 @@ class SWAPNET_API Executor {
     double plan_error = 0;
     // The last window's inferences, and the standard error of the median of the plan predicted
     // with each one's own costs, relative to that median: plan_error must exceed twice it too, and
-    // a window too noisy to tell grows (Note [Noise in the window] in executor.cpp).
+    // a window too noisy to tell grows (Note [Noise in the window] in cost_learner.cpp).
     std::uint64_t window = 0;
     double noise = 0;
     // The last re-plan: the cost model's latency of the plan before (with the old costs) and of
@@ -613,7 +613,7 @@ SWAPNET_API std::vector<c10::IValue> make_inputs(const std::vector<std::string>&
 // deep-copied, None kept.
 SWAPNET_API std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
 
-// ---- input profiles (Note [Dynamic shapes] in executor.cpp) ----
+// ---- input profiles (Note [Dynamic shapes] in input_meter.cpp) ----
 // forward's arguments as an image records them (InputProfile::inputs): tensors by dtype and
 // sizes, lists/tuples/dicts flattened, other values as text.
 SWAPNET_API std::vector<ImageInput> describe_inputs(const std::vector<c10::IValue>& inputs);

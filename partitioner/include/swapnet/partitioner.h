@@ -82,7 +82,7 @@ struct Partition {
   // there), which lets a budget keep its largest layer resident (Note [A ring of one block]).
   std::uint64_t block_max = 0;
   // Part of a large swapped block kept across inferences (deep ring only; Note [Keeping part
-  // of a block] in partitioner.cpp): the first `retained_bytes` of block `retain_block` stay
+  // of a block] in ring.cpp): the first `retained_bytes` of block `retain_block` stay
   // in memory just before the ring, and each inference reads only the rest of it, into the
   // ring's first bytes. read_bytes and block_max count that rest; memory() the kept part.
   int retain_block = -1;
@@ -109,11 +109,11 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // rest is read at the ring's start (Partition::retain_block). `by_layer` (depth 0): a block's
 // layers run as their bytes land, and its bytes are free for a block streaming over them as its
 // layers end, as the executor does on host memory (Note [Layer by layer] in
-// assembly/src/executor.cpp); false: block by block (read-ahead ring-blocks). `lend` (depth 0):
+// assembly/src/read_ahead.cpp); false: block by block (read-ahead ring-blocks). `lend` (depth 0):
 // the activation reserve, after the ring's last byte, lent to blocks where the layers from the
 // one running when a block's read starts to the block's last leave it (their LayerCost peak or
 // live bytes), as the executor does on host memory (Note [Lending the activation reserve] in
-// assembly/src/executor.cpp).
+// assembly/src/zone_lender.cpp).
 inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,

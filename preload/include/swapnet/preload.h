@@ -51,7 +51,7 @@
 //                                    read rate measured are compared with the image's and the
 //                                    device profile's, and the model re-planned with them when its
 //                                    predicted time is more than 10 % off (Note [Learning the
-//                                    costs in service] in assembly/src/executor.cpp); a value
+//                                    costs in service] in assembly/src/cost_learner.cpp); a value
 //                                    other than 0 or 3..1000 is said once and 3 is used.
 //   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
 //     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N

@@ -183,7 +183,7 @@ struct InputProfile {
 
 // Images from format 5 on record activations (activation_bytes, the layers' peak_bytes, the input
 // profiles) as a zone places them: the most of the bytes live at once and of the extent their
-// chunks reach (Note [Lending the activation reserve] in assembly/src/executor.cpp). Older ones
+// chunks reach (Note [Lending the activation reserve] in assembly/src/zone_lender.cpp). Older ones
 // record the bytes live alone, which fragmentation can exceed; the executor lends them no zone.
 inline constexpr std::uint32_t kImageZoneReserveVersion = 5;
 
@@ -234,7 +234,7 @@ SWAPNET_API const char* to_string(IoBackend b);
 // urgency: a reader is held back while a more urgent one (a lower BlockReader::set_priority)
 // has pieces to issue, and at most `pieces` requests are in flight from all of them together
 // (0: no cap beyond each reader's queue depth). Equal priorities share the disk as the kernel
-// serves them. Note [One disk, read by urgency] in reader.cpp. Thread-safe; readers hold it by
+// serves them. Note [One disk, read by urgency] in shared_disk.cpp. Thread-safe; readers hold it by
 // shared_ptr (ReaderOptions::disk).
 class SWAPNET_API SharedDisk {
  public:
