@@ -145,7 +145,7 @@ DeviceProfile device_profile(const std::string& image, const Common& c, const st
 // idle, so a single short pass can read faster than the disk's rate).
 double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end, double min_seconds = 0);
 
-// swapnet serve / ctl (cmd_serve.cpp).
+// swapnet serve (cmd_serve.cpp; `swapnet ctl` is cli/ctl.cpp).
 struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
@@ -165,7 +165,6 @@ struct ServeOptions {
   std::string learn_store;    // --learn-store DIR: each model's learned costs kept in DIR/NAME.learned.json
 };
 int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
-int ctl(const std::vector<std::string>& words, const std::string& socket);
 
 struct BenchIoOptions {
   int runs = 5;          // interleaved raw/fetch rounds after the sweep; medians reported

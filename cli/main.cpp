@@ -17,9 +17,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "commands.h"
+#include "ctl.h"
 #include "swapnet/swapcore.h"
 
 namespace {
@@ -46,6 +48,8 @@ void add_common(CLI::App* app, Common& c, bool model_inputs, bool required) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the launcher does (cli/launcher.cpp), without CLI11: one parser, one usage text.
+  if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return swapnet::cli::ctl_main(argc, argv);
   CLI::App app{"swapnet: run DNNs larger than their memory budget by swapping blocks of layers"};
   app.require_subcommand(1);
   Common common;
@@ -223,11 +227,8 @@ int main(int argc, char** argv) {
   serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
   add_common(serve, common, false, false);
 
-  std::vector<std::string> ctl_words;
-  std::string ctl_socket;
-  auto* ctl = app.add_subcommand("ctl", "send a command to a running swapnet serve: budget SIZE | status");
-  ctl->add_option("command", ctl_words, "budget SIZE | status")->required();
-  ctl->add_option("--socket", ctl_socket, "the serve's control socket (default as serve's)");
+  // Listed for the help only: main hands `ctl` to ctl_main before parsing (cli/ctl.cpp).
+  app.add_subcommand("ctl", "send a command to a running swapnet serve: budget SIZE | status");
 
   auto* info = app.add_subcommand("info", "build and device facts (CUDA, threads)");
   add_common(info, common, false, false);
@@ -251,7 +252,6 @@ int main(int argc, char** argv) {
     if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
     if (*info) return swapnet::cli::info(common);
     if (*serve) return swapnet::cli::serve(scenario, common, so);
-    if (*ctl) return swapnet::cli::ctl(ctl_words, ctl_socket);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swapnet: error: %s\n", e.what());
     return 2;
