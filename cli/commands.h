@@ -99,6 +99,8 @@ struct RunOptions {
   std::string learn_store;  // --learn-store PATH: ExecutorOptions::learn_store
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
+// run --compare (run_compare.cpp): every mode in its own process, rounds interleaved.
+int run_compare(const std::string& image, const Common& c, const RunOptions& o);
 // What-if device for plan's memory bound: the disk's rate and the whole model's compute time
 // (<= 0: the profile's rate, the image's layer times as the plan predicts them).
 struct BoundOptions {
