@@ -129,7 +129,7 @@ int plan(const std::string& path, const Common& c, const std::string& budget_tex
     j["predicted_ms"] = nullptr;
     j["bytes_read_per_inference"] = nullptr;
   }
-  // Plans with a constant activation reserve, as swapnet's (cmd_run.cpp says more).
+  // Plans with a constant activation reserve, as swapnet's (run_compare.cpp says more).
   if (j.contains("min_read_bytes")) {
     const double reserve =
         image_reserve_bound_ms(info, budget, bound_compute, bound_rate, j["min_read_bytes"].get<std::uint64_t>());

@@ -99,6 +99,8 @@ struct RunOptions {
   std::string learn_store;  // --learn-store PATH: ExecutorOptions::learn_store
 };
 int run(const std::string& image, const Common& c, const RunOptions& o);
+// run --compare (run_compare.cpp): every mode in its own process, rounds interleaved.
+int run_compare(const std::string& image, const Common& c, const RunOptions& o);
 // What-if device for plan's memory bound: the disk's rate and the whole model's compute time
 // (<= 0: the profile's rate, the image's layer times as the plan predicts them).
 struct BoundOptions {
@@ -145,7 +147,7 @@ DeviceProfile device_profile(const std::string& image, const Common& c, const st
 // idle, so a single short pass can read faster than the disk's rate).
 double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end, double min_seconds = 0);
 
-// swapnet serve / ctl (cmd_serve.cpp).
+// swapnet serve (cmd_serve.cpp; `swapnet ctl` is cli/ctl.cpp).
 struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
@@ -165,7 +167,6 @@ struct ServeOptions {
   std::string learn_store;    // --learn-store DIR: each model's learned costs kept in DIR/NAME.learned.json
 };
 int serve(const std::string& scenario, const Common& c, const ServeOptions& o);
-int ctl(const std::vector<std::string>& words, const std::string& socket);
 
 struct BenchIoOptions {
   int runs = 5;          // interleaved raw/fetch rounds after the sweep; medians reported

@@ -1,5 +1,5 @@
-// Example inputs for the CLI's model commands (torch-facing helpers shared by cmd_model.cpp and
-// cmd_run.cpp).
+// Example inputs for the CLI's model commands (torch-facing helpers shared by the cmd_*.cpp
+// files; defined in inputs.cpp and naive.cpp).
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -42,7 +42,7 @@ struct InMemory {
   InMemory& operator=(const InMemory&) = delete;
 };
 
-// The naive path of `run --mode naive` (cmd_run.cpp): per block of `plan`, a buffered read into
+// The naive path of `run --mode naive` (naive.cpp): per block of `plan`, a buffered read into
 // a fresh buffer (its pages dropped after), a copy into fresh tensors, bind, run, free.
 c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo& info, const ExecutionPlan& plan,
                           std::vector<c10::IValue> inputs, std::uint64_t* bytes_read);

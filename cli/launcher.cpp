@@ -1,7 +1,8 @@
-// swapnet — the command a user types. It answers `swapnet ctl` itself, without loading libtorch
-// (a control line to a running serve in milliseconds: the budget cut may be the kernel's last
-// warning before the OOM killer), and executes the full command-line tool (swapnet-cli, which
-// links libtorch: ~0.9 s to start) for every other command, with the same arguments.
+// swapnet — the command a user types. It answers `swapnet ctl` itself (cli/ctl.cpp), without
+// loading libtorch (a control line to a running serve in milliseconds: the budget cut may be the
+// kernel's last warning before the OOM killer), and executes the full command-line tool
+// (swapnet-cli, which links libtorch: ~0.9 s to start) for every other command, with the same
+// arguments.
 //
 // The full tool is looked for beside this executable (a build tree), then at
 // SWAPNET_CLI_FROM_BINDIR relative to it (an install: ../libexec/swapnet/swapnet-cli).
@@ -28,23 +29,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
-#include "control_wire.h"
+#include "ctl.h"
 
 #ifndef SWAPNET_CLI_FROM_BINDIR
 #define SWAPNET_CLI_FROM_BINDIR "../libexec/swapnet/swapnet-cli"
 #endif
 
 namespace {
-
-constexpr const char* kCtlUsage =
-    "send a command to a running swapnet serve\n"
-    "Usage: swapnet ctl [--socket PATH] budget SIZE | status\n"
-    "  --socket PATH  the serve's control socket (default $XDG_RUNTIME_DIR/swapnet/serve.sock or\n"
-    "                 /tmp/swapnet-UID/serve.sock)\n";
 
 std::string self_dir() {
   char buf[4096];
@@ -55,47 +49,10 @@ std::string self_dir() {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
-int ctl(int argc, char** argv) {
-  std::string socket, line;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      std::fputs(kCtlUsage, stdout);
-      return 0;
-    }
-    if (a == "--socket") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "swapnet: error: ctl: --socket needs a path\n");
-        return 2;
-      }
-      socket = argv[++i];
-    } else if (a.rfind("--socket=", 0) == 0) {
-      socket = a.substr(9);
-    } else if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "swapnet: error: ctl: unknown option '%s'\n%s", a.c_str(), kCtlUsage);
-      return 2;
-    } else {
-      line += (line.empty() ? "" : " ") + a;
-    }
-  }
-  if (line.empty()) {
-    std::fprintf(stderr, "swapnet: error: ctl: give a command: budget SIZE | status\n");
-    return 2;
-  }
-  try {
-    const std::string answer = swapnet::control_request(socket.empty() ? swapnet::default_control_path() : socket, line);
-    std::printf("%s\n", answer.c_str());
-    return answer.rfind("error", 0) == 0 ? 2 : 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "swapnet: error: %s\n", e.what());
-    return 2;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return ctl(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return swapnet::cli::ctl_main(argc, argv);
   const std::string dir = self_dir();
   // Note [OpenBLAS's idle spin]; overwrite 0: a value the user set stays.
   if (std::getenv("GOTO_THREAD_TIMEOUT") == nullptr) ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);

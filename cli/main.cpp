@@ -17,14 +17,35 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "commands.h"
+#include "ctl.h"
 #include "swapnet/swapcore.h"
 
 namespace {
 
 using swapnet::cli::Common;
+
+// Every value an option or argument is parsed into, whichever subcommand it belongs to.
+struct Args {
+  Common common;
+  std::string model, out, image;
+  int iters = 3, runs = 2;                 // inspect --iters, verify --runs
+  std::vector<std::string> pack_profiles;  // pack --input-profile
+  swapnet::cli::GenerateOptions go;
+  swapnet::cli::RunOptions ro;
+  std::string budget, profile_path;  // plan
+  bool table = false;
+  swapnet::cli::BoundOptions bound;
+  std::vector<std::string> images;  // profile
+  std::string profile_out;
+  int samples = 32;
+  swapnet::cli::BenchIoOptions bio;
+  swapnet::cli::ServeOptions so;
+  std::string scenario;
+};
 
 void add_common(CLI::App* app, Common& c, bool model_inputs, bool required) {
   if (model_inputs) {
@@ -43,104 +64,110 @@ void add_common(CLI::App* app, Common& c, bool model_inputs, bool required) {
   app->add_option("--log-level", c.log_level, "off|error|warn|info|debug (default warn)");
 }
 
-}  // namespace
+// --split-above and --split-part (inspect, verify, pack).
+void add_split(CLI::App* app, Common& c) {
+  app->add_option("--split-above", c.split_above,
+                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
+                  "their output channels, each a layer of its own");
+  app->add_option("--split-part", c.split_part,
+                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"swapnet: run DNNs larger than their memory budget by swapping blocks of layers"};
-  app.require_subcommand(1);
-  Common common;
-  std::string model, out, image;
-  int iters = 3, runs = 2;
-  swapnet::cli::BenchIoOptions bio;
-
+// inspect MODEL|IMAGE: the model info table.
+CLI::App* add_inspect(CLI::App& app, Args& a) {
   auto* inspect = app.add_subcommand("inspect", "print the model info table (layers, bytes, FLOPs, time)");
-  inspect->add_option("model", model, "TorchScript file (.pt) or swap image (.swapnet)")->required();
-  inspect->add_option("--iters", iters, "timed runs for per-layer time (median; default 3)");
-  add_common(inspect, common, true, false);
-  inspect->add_option("--split-above", common.split_above,
-                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
-                  "their output channels, each a layer of its own");
-  inspect->add_option("--split-part", common.split_part,
-                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
+  inspect->add_option("model", a.model, "TorchScript file (.pt) or swap image (.swapnet)")->required();
+  inspect->add_option("--iters", a.iters, "timed runs for per-layer time (median; default 3)");
+  add_common(inspect, a.common, true, false);
+  add_split(inspect, a.common);
+  return inspect;
+}
 
+// verify MODEL: layered == forward, bit for bit.
+CLI::App* add_verify(CLI::App& app, Args& a) {
   auto* verify = app.add_subcommand("verify", "check that the layer-by-layer run equals forward bit for bit");
-  verify->add_option("model", model, "TorchScript file (.pt)")->required();
-  verify->add_option("--runs", runs, "runs of each path; every pair is compared (default 2)");
-  verify->add_option("--image", image, "take skeleton and weights from this swap image of the model");
-  add_common(verify, common, true, true);
-  verify->add_option("--split-above", common.split_above,
-                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
-                  "their output channels, each a layer of its own");
-  verify->add_option("--split-part", common.split_part,
-                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
+  verify->add_option("model", a.model, "TorchScript file (.pt)")->required();
+  verify->add_option("--runs", a.runs, "runs of each path; every pair is compared (default 2)");
+  verify->add_option("--image", a.image, "take skeleton and weights from this swap image of the model");
+  add_common(verify, a.common, true, true);
+  add_split(verify, a.common);
+  return verify;
+}
 
+// pack MODEL -o IMAGE: a swap image.
+CLI::App* add_pack(CLI::App& app, Args& a) {
   auto* pack = app.add_subcommand("pack", "write a model's swap image (one aligned file, layer by layer)");
-  pack->add_option("model", model, "TorchScript file (.pt)")->required();
-  pack->add_option("-o,--output", out, "image to write (.swapnet)")->required();
-  add_common(pack, common, true, true);
-  pack->add_option("--split-above", common.split_above,
-                  "compute conv/linear layers with weights above this size (default 16MiB; 0: never) in parts along "
-                  "their output channels, each a layer of its own");
-  pack->add_option("--split-part", common.split_part,
-                  "the most bytes of one part of such a layer (default 4MiB; 0: the --split-above size)");
-  std::vector<std::string> pack_profiles;
-  pack->add_option("--input-profile", pack_profiles,
+  pack->add_option("model", a.model, "TorchScript file (.pt)")->required();
+  pack->add_option("-o,--output", a.out, "image to write (.swapnet)")->required();
+  add_common(pack, a.common, true, true);
+  add_split(pack, a.common);
+  pack->add_option("--input-profile", a.pack_profiles,
                    "more inputs to measure activations for, the specs of one forward call separated by spaces "
                    "(e.g. \"int64[1,512]:0..100 none\"); repeatable. Inputs no recorded profile covers are "
                    "measured at run time instead, at the least weight memory");
+  return pack;
+}
 
+// signature MODEL: forward's signature.
+CLI::App* add_signature(CLI::App& app, Args& a) {
   auto* sig = app.add_subcommand("signature", "forward's signature as JSON (for transparent swapping)");
-  sig->add_option("model", model, "TorchScript file (.pt)")->required();
+  sig->add_option("model", a.model, "TorchScript file (.pt)")->required();
+  return sig;
+}
 
-  swapnet::cli::GenerateOptions go;
+// generate IMAGE: token generation.
+CLI::App* add_generate(CLI::App& app, Args& a) {
   auto* gen = app.add_subcommand("generate", "greedy token generation from a decoder's image, weights swapped per token");
-  gen->add_option("image", image, "swap image of a model with forward(tokens, *state) -> (logits, *state)")->required();
-  gen->add_option("--budget", go.budget, "memory budget for the model: bytes or KiB/MiB/GiB (the KV cache included)");
-  gen->add_option("--prompt-tokens", go.prompt_tokens, "prompt length, random token ids (default 16)");
-  gen->add_option("--new-tokens", go.new_tokens, "tokens to generate (default 16)");
-  gen->add_option("--vocab", go.vocab, "vocabulary size (default: the rows of the first embedding)");
-  gen->add_option("--state", go.state, "initial state, one --input-style spec per state argument (default: the image's "
+  gen->add_option("image", a.image, "swap image of a model with forward(tokens, *state) -> (logits, *state)")->required();
+  gen->add_option("--budget", a.go.budget, "memory budget for the model: bytes or KiB/MiB/GiB (the KV cache included)");
+  gen->add_option("--prompt-tokens", a.go.prompt_tokens, "prompt length, random token ids (default 16)");
+  gen->add_option("--new-tokens", a.go.new_tokens, "tokens to generate (default 16)");
+  gen->add_option("--vocab", a.go.vocab, "vocabulary size (default: the rows of the first embedding)");
+  gen->add_option("--state", a.go.state, "initial state, one --input-style spec per state argument (default: the image's "
                                        "example input after the tokens, as zeros)");
-  gen->add_option("--mode", go.mode, "swapnet | direct (in memory) | naive (default swapnet)");
-  gen->add_option("--profile", go.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
-  gen->add_option("--read-ahead", go.read_ahead, "ring | ring-whole | paper (default ring)");
-  gen->add_option("--seed", common.seed, "seed of the prompt's token ids (default 0)");
-  add_common(gen, common, false, false);
+  gen->add_option("--mode", a.go.mode, "swapnet | direct (in memory) | naive (default swapnet)");
+  gen->add_option("--profile", a.go.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  gen->add_option("--read-ahead", a.go.read_ahead, "ring | ring-whole | paper (default ring)");
+  gen->add_option("--seed", a.common.seed, "seed of the prompt's token ids (default 0)");
+  add_common(gen, a.common, false, false);
+  return gen;
+}
 
-  swapnet::cli::RunOptions ro;
+// run IMAGE: swapped (or direct, naive) inference.
+CLI::App* add_run(CLI::App& app, Args& a) {
   auto* run = app.add_subcommand("run", "inference from a swap image within a memory budget");
-  run->add_option("image", image, "swap image (.swapnet)")->required();
-  run->add_option("--budget", ro.budget, "memory budget for the model: bytes or KiB/MiB/GiB");
-  run->add_option("--blocks", ro.blocks, "equal-byte blocks (default: the fewest that fit)");
-  run->add_option("--partition", ro.partition, "first layer of each block after the first, e.g. 40,90,150");
-  run->add_option("--iters", ro.iters, "timed inferences after one warm-up (default 5)");
-  run->add_option("--mode", ro.mode, "swapnet | direct | naive (default swapnet)");
-  run->add_flag("--compare", ro.compare, "run every mode in its own process, interleaved, and compare");
-  run->add_option("--rounds", ro.rounds, "--compare rounds (default 3)");
-  run->add_flag("--check", ro.check, "compare outputs with direct inference bit for bit");
-  run->add_option("--verify", ro.verify, "checksums of fetched layers: first (default: first fetch after start) | always | never");
-  run->add_option("--plan", ro.plan,
+  run->add_option("image", a.image, "swap image (.swapnet)")->required();
+  run->add_option("--budget", a.ro.budget, "memory budget for the model: bytes or KiB/MiB/GiB");
+  run->add_option("--blocks", a.ro.blocks, "equal-byte blocks (default: the fewest that fit)");
+  run->add_option("--partition", a.ro.partition, "first layer of each block after the first, e.g. 40,90,150");
+  run->add_option("--iters", a.ro.iters, "timed inferences after one warm-up (default 5)");
+  run->add_option("--mode", a.ro.mode, "swapnet | direct | naive (default swapnet)");
+  run->add_flag("--compare", a.ro.compare, "run every mode in its own process, interleaved, and compare");
+  run->add_option("--rounds", a.ro.rounds, "--compare rounds (default 3)");
+  run->add_flag("--check", a.ro.check, "compare outputs with direct inference bit for bit");
+  run->add_option("--verify", a.ro.verify, "checksums of fetched layers: first (default: first fetch after start) | always | never");
+  run->add_option("--plan", a.ro.plan,
                   "auto (default: the partitioner's best blocks, some kept resident where the budget leaves room) | "
                   "optimal (the same, every block re-read each inference, as the paper) | equal (fewest equal-byte blocks)");
-  run->add_option("--resident", ro.resident, "with --partition/--blocks: blocks kept resident, e.g. 0,3");
-  run->add_option("--device", ro.device, "where layers run: cpu (default) | cuda (blocks in managed memory, no copies)");
-  run->add_option("--profile", ro.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
-  run->add_option("--background-read", ro.background_mb_s,
+  run->add_option("--resident", a.ro.resident, "with --partition/--blocks: blocks kept resident, e.g. 0,3");
+  run->add_option("--device", a.ro.device, "where layers run: cpu (default) | cuda (blocks in managed memory, no copies)");
+  run->add_option("--profile", a.ro.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  run->add_option("--background-read", a.ro.background_mb_s,
                   "mode direct: read the image (O_DIRECT) at this many MB/s in a thread while timing (what "
                   "swapnet's reads cost the compute on this machine)");
-  run->add_option("--learn", ro.learn,
+  run->add_option("--learn", a.ro.learn,
                   "mode swapnet: every N inferences (and 1 s at least), compare the layer times and read rate "
                   "measured with the image's and the profile's and re-plan with them where they differ by more "
                   "than 10 %; the warm-up is then that first window (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
-  run->add_option("--learn-store", ro.learn_store,
+  run->add_option("--learn-store", a.ro.learn_store,
                   "with --learn: keep what is learned in this file (JSON), and plan with what it holds from the "
                   "first inference when it was learned for this image with this many threads");
-  run->add_option("--trace", ro.trace,
+  run->add_option("--trace", a.ro.trace,
                   "mode swapnet: write the timed inferences' timeline (layers, waits, reads, the disk's busy time, "
                   "why reads were held) as a Chrome trace JSON for ui.perfetto.dev or bench/trace_summary.py; with "
                   "--compare, of the last round");
-  run->add_option("--read-ahead", ro.read_ahead,
+  run->add_option("--read-ahead", a.ro.read_ahead,
                   "ring (default: as many blocks ahead as the budget holds, into the next inference; a block "
                   "that does not fit yet streams into the bytes older blocks free) | ring-whole (the same, a "
                   "block waiting for its whole room) | ring-blocks (the same, a block's layers waiting for all "
@@ -148,113 +175,164 @@ int main(int argc, char** argv) {
                   "reserve kept for activations all the time instead of lent to blocks where they leave it) | "
                   "ring-serial (the same as ring, nothing read after a streamed block until it is whole) | paper "
                   "(two blocks, one inference at a time)");
-  add_common(run, common, true, false);
+  add_common(run, a.common, true, false);
+  return run;
+}
 
-  std::string budget, profile_path;
-  bool table = false;
+// plan IMAGE --budget SIZE: the partition and its prediction.
+CLI::App* add_plan(CLI::App& app, Args& a) {
   auto* plan = app.add_subcommand("plan", "the partition run would use for a budget, predicted latency, lookup time");
-  plan->add_option("image", image, "swap image (.swapnet)")->required();
-  plan->add_option("--budget", budget, "memory budget: bytes or KiB/MiB/GiB")->required();
-  plan->add_option("--profile", profile_path, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
-  plan->add_flag("--table", table, "also list the paper's lookup table (n equal-byte blocks, memory, latency)");
-  swapnet::cli::BoundOptions bound;
-  plan->add_option("--read-mb-s", bound.read_mb_s,
+  plan->add_option("image", a.image, "swap image (.swapnet)")->required();
+  plan->add_option("--budget", a.budget, "memory budget: bytes or KiB/MiB/GiB")->required();
+  plan->add_option("--profile", a.profile_path, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  plan->add_flag("--table", a.table, "also list the paper's lookup table (n equal-byte blocks, memory, latency)");
+  plan->add_option("--read-mb-s", a.bound.read_mb_s,
                    "memory bound on a disk of this rate in MB/s (default: the profile's)")->check(CLI::PositiveNumber);
-  plan->add_option("--compute-ms", bound.compute_ms,
+  plan->add_option("--compute-ms", a.bound.compute_ms,
                    "memory bound with the model computing in this many ms (default: the plan's)")->check(CLI::PositiveNumber);
-  add_common(plan, common, false, false);
+  add_common(plan, a.common, false, false);
+  return plan;
+}
 
-  std::vector<std::string> images;
-  std::string profile_out;
-  int samples = 32;
+// profile IMAGE...: the device profile.
+CLI::App* add_profile(CLI::App& app, Args& a) {
   auto* prof = app.add_subcommand("profile", "measure this device and fit the partitioner's cost model");
-  prof->add_option("images", images, "swap image(s) to measure with (the first is fitted; others report errors)")->required();
-  prof->add_option("-o,--output", profile_out, "where to write it (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
-  prof->add_option("--samples", samples, "random layer ranges to fetch (default 32)");
-  add_common(prof, common, true, false);
+  prof->add_option("images", a.images, "swap image(s) to measure with (the first is fitted; others report errors)")->required();
+  prof->add_option("-o,--output", a.profile_out, "where to write it (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  prof->add_option("--samples", a.samples, "random layer ranges to fetch (default 32)");
+  add_common(prof, a.common, true, false);
+  return prof;
+}
 
+// check IMAGE: every checksum.
+CLI::App* add_check(CLI::App& app, Args& a) {
   auto* check = app.add_subcommand("check", "verify every layer checksum of a swap image");
-  check->add_option("image", image, "swap image (.swapnet)")->required();
-  add_common(check, common, false, false);
+  check->add_option("image", a.image, "swap image (.swapnet)")->required();
+  add_common(check, a.common, false, false);
+  return check;
+}
 
+// bench io IMAGE: the disk's rate against block fetches (returns `bench io`).
+CLI::App* add_bench(CLI::App& app, Args& a) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   auto* bench_io = bench->add_subcommand("io", "raw O_DIRECT read rate vs swapcore block fetch rate, in one run");
-  bench_io->add_option("image", image, "swap image (.swapnet)")->required();
-  bench_io->add_option("--runs", bio.runs, "interleaved raw/fetch rounds after the sweep; medians reported (default 5)");
-  bench_io->add_option("--blocks", bio.blocks, "blocks the layers are grouped into (default 8)");
-  bench_io->add_option("--queue-depth", bio.queue_depth, "block reader queue depth (default: swapcore's)");
-  bench_io->add_option("--request-size", bio.request_bytes, "block reader request bytes (default: swapcore's)");
-  add_common(bench_io, common, false, false);
+  bench_io->add_option("image", a.image, "swap image (.swapnet)")->required();
+  bench_io->add_option("--runs", a.bio.runs, "interleaved raw/fetch rounds after the sweep; medians reported (default 5)");
+  bench_io->add_option("--blocks", a.bio.blocks, "blocks the layers are grouped into (default 8)");
+  bench_io->add_option("--queue-depth", a.bio.queue_depth, "block reader queue depth (default: swapcore's)");
+  bench_io->add_option("--request-size", a.bio.request_bytes, "block reader request bytes (default: swapcore's)");
+  add_common(bench_io, a.common, false, false);
+  return bench_io;
+}
 
-  swapnet::cli::ServeOptions so;
-  std::string scenario;
+// serve SCENARIO: several models in one budget.
+CLI::App* add_serve(CLI::App& app, Args& a) {
   auto* serve = app.add_subcommand("serve", "serve several models concurrently within one total budget (a scenario file)");
-  serve->add_option("scenario", scenario, "scenario file (.json; scheduler/scenarios/ has the paper's)")->required();
-  serve->add_option("--duration", so.duration_s, "seconds to serve (overrides the scenario's duration_s)");
-  serve->add_option("--policy", so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
-  serve->add_option("--scheduler", so.scheduler,
+  serve->add_option("scenario", a.scenario, "scenario file (.json; scheduler/scenarios/ has the paper's)")->required();
+  serve->add_option("--duration", a.so.duration_s, "seconds to serve (overrides the scenario's duration_s)");
+  serve->add_option("--policy", a.so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
+  serve->add_option("--scheduler", a.so.scheduler,
                     "which block runs next: threads (a thread per model) | fifo | rr | sel | lst | heft, or one of those + \"+io\" "
                     "(disk-aware: blocks in memory first) (overrides the scenario's)");
-  serve->add_option("--budget", so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
-  serve->add_option("--socket", so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
-  serve->add_option("--budget-source", so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");
-  serve->add_option("--poll-ms", so.poll_ms, "budget source polling period (default 50)");
-  serve->add_option("--period-scale", so.period_scale,
+  serve->add_option("--budget", a.so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
+  serve->add_option("--socket", a.so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
+  serve->add_option("--budget-source", a.so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");
+  serve->add_option("--poll-ms", a.so.poll_ms, "budget source polling period (default 50)");
+  serve->add_option("--period-scale", a.so.period_scale,
                     "multiply every period (models' and groups', and their jitter; rate_hz divided): the load "
                     "sweep; deadlines stay")
       ->check(CLI::PositiveNumber);
-  serve->add_option("--slo-scale", so.slo_scale, "multiply every deadline (slo_ms of models and groups)")
+  serve->add_option("--slo-scale", a.so.slo_scale, "multiply every deadline (slo_ms of models and groups)")
       ->check(CLI::PositiveNumber);
-  serve->add_option("--timeline", so.timeline, "write every request (time, model, latency, total budget) as CSV");
-  serve->add_option("--trace", so.trace,
+  serve->add_option("--timeline", a.so.timeline, "write every request (time, model, latency, total budget) as CSV");
+  serve->add_option("--trace", a.so.trace,
                     "write every model's timeline (layers, waits, reads, budget moves) as a Chrome trace JSON "
                     "(ui.perfetto.dev; bench/trace_summary.py)");
-  serve->add_option("--models", so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
-  serve->add_option("--profile", so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
-  serve->add_option("--learn", so.learn,
+  serve->add_option("--models", a.so.models_dir, "directory of relative image paths (default $SWAPNET_MODELS or .cache/models)");
+  serve->add_option("--profile", a.so.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
+  serve->add_option("--learn", a.so.learn,
                     "every N inferences (and 1 s at least) each model compares its measured layer times and read rate with its "
                     "planned ones, re-plans with them when >10 % off, and the budget is split again with its new "
                     "latency curve (default 0: never; else 3..1000)")
       ->check(CLI::Range(0, 1000));
-  serve->add_option("--learn-store", so.learn_store,
+  serve->add_option("--learn-store", a.so.learn_store,
                     "with --learn: keep each model's learned costs in DIR/NAME.learned.json, and plan with them "
                     "from the first inference of the next serve");
-  serve->add_flag("!--no-check", so.check, "do not compare outputs with direct inference");
-  add_common(serve, common, false, false);
+  serve->add_flag("!--no-check", a.so.check, "do not compare outputs with direct inference");
+  add_common(serve, a.common, false, false);
+  return serve;
+}
 
-  std::vector<std::string> ctl_words;
-  std::string ctl_socket;
-  auto* ctl = app.add_subcommand("ctl", "send a command to a running swapnet serve: budget SIZE | status");
-  ctl->add_option("command", ctl_words, "budget SIZE | status")->required();
-  ctl->add_option("--socket", ctl_socket, "the serve's control socket (default as serve's)");
-
+// info: build and device facts.
+CLI::App* add_info(CLI::App& app, Args& a) {
   auto* info = app.add_subcommand("info", "build and device facts (CUDA, threads)");
-  add_common(info, common, false, false);
+  add_common(info, a.common, false, false);
+  return info;
+}
 
+// The subcommands main runs, as parsed.
+struct Subcommands {
+  CLI::App *inspect, *verify, *pack, *sig, *gen, *run, *plan, *prof, *check, *bench_io, *serve, *info;
+};
+
+// Every subcommand, in the order the help lists them.
+Subcommands add_subcommands(CLI::App& app, Args& a) {
+  Subcommands s;
+  s.inspect = add_inspect(app, a);
+  s.verify = add_verify(app, a);
+  s.pack = add_pack(app, a);
+  s.sig = add_signature(app, a);
+  s.gen = add_generate(app, a);
+  s.run = add_run(app, a);
+  s.plan = add_plan(app, a);
+  s.prof = add_profile(app, a);
+  s.check = add_check(app, a);
+  s.bench_io = add_bench(app, a);
+  s.serve = add_serve(app, a);
+  // Listed for the help only: main hands `ctl` to ctl_main before parsing (cli/ctl.cpp).
+  app.add_subcommand("ctl", "send a command to a running swapnet serve: budget SIZE | status");
+  s.info = add_info(app, a);
+  return s;
+}
+
+// The parsed subcommand's exit status (2: none of them).
+int dispatch(const Subcommands& s, const Args& a) {
+  const Common& common = a.common;
+  if (*s.inspect) return swapnet::cli::inspect(a.model, common, a.iters < 1 ? 1 : a.iters);
+  if (*s.verify) return swapnet::cli::verify(a.model, common, a.runs < 1 ? 1 : a.runs, a.image);
+  if (*s.pack) return swapnet::cli::pack(a.model, a.out, common, a.pack_profiles);
+  if (*s.sig) return swapnet::cli::signature(a.model);
+  if (*s.check) return swapnet::cli::check(a.image, common);
+  if (*s.run) return swapnet::cli::run(a.image, common, a.ro);
+  if (*s.gen) return swapnet::cli::generate(a.image, common, a.go);
+  if (*s.plan) return swapnet::cli::plan(a.image, common, a.budget, a.profile_path, a.table, a.bound);
+  if (*s.prof) return swapnet::cli::profile(a.images, common, a.profile_out, a.samples);
+  if (*s.bench_io) return swapnet::cli::bench_io(a.image, common, a.bio);
+  if (*s.info) return swapnet::cli::info(common);
+  if (*s.serve) return swapnet::cli::serve(a.scenario, common, a.so);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // As the launcher does (cli/launcher.cpp), without CLI11: one parser, one usage text.
+  if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return swapnet::cli::ctl_main(argc, argv);
+  CLI::App app{"swapnet: run DNNs larger than their memory budget by swapping blocks of layers"};
+  app.require_subcommand(1);
+  Args a;
+  const Subcommands s = add_subcommands(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (!common.inputs.empty()) common.input_shapes = common.inputs;  // --input and --input-shape exclude each other
+  if (!a.common.inputs.empty()) a.common.input_shapes = a.common.inputs;  // --input and --input-shape exclude each other
   try {
-    if (*inspect) return swapnet::cli::inspect(model, common, iters < 1 ? 1 : iters);
-    if (*verify) return swapnet::cli::verify(model, common, runs < 1 ? 1 : runs, image);
-    if (*pack) return swapnet::cli::pack(model, out, common, pack_profiles);
-    if (*sig) return swapnet::cli::signature(model);
-    if (*check) return swapnet::cli::check(image, common);
-    if (*run) return swapnet::cli::run(image, common, ro);
-    if (*gen) return swapnet::cli::generate(image, common, go);
-    if (*plan) return swapnet::cli::plan(image, common, budget, profile_path, table, bound);
-    if (*prof) return swapnet::cli::profile(images, common, profile_out, samples);
-    if (*bench_io) return swapnet::cli::bench_io(image, common, bio);
-    if (*info) return swapnet::cli::info(common);
-    if (*serve) return swapnet::cli::serve(scenario, common, so);
-    if (*ctl) return swapnet::cli::ctl(ctl_words, ctl_socket);
+    return dispatch(s, a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swapnet: error: %s\n", e.what());
     return 2;
   }
-  return 2;
 }
