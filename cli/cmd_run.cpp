@@ -121,7 +121,7 @@ class OneRun {
   std::vector<double> lat_;
   std::vector<c10::IValue> outs_;
   std::uint64_t read_before_ = 0, read_after_ = 0, arena_peak_ = 0, act_peak_ = 0;
-  // Note [Lending the activation reserve] in executor.cpp: the most of activations and the blocks
+  // Note [Lending the activation reserve] in zone_lender.cpp: the most of activations and the blocks
   // lent their reserve's bytes at once.
   std::uint64_t act_lent_peak_ = 0;
   // The plan's facts (describe(), or the mode's own).
@@ -133,7 +133,7 @@ class OneRun {
   double bind_us_ = 0;
   std::uint64_t streamed_ = 0, remeasured_ = 0, reserve_after_ = 0;
   json learning_;                   // --learn: Executor::learning()
-  json pipeline_ = json::object();  // per timed inference (Note [Layer by layer] in executor.cpp)
+  json pipeline_ = json::object();  // per timed inference (Note [Layer by layer] in read_ahead.cpp)
 };
 
 OneRun::OneRun(const std::string& path, const Common& c, const RunOptions& o) : path_(path), c_(c), o_(o) {

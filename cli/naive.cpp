@@ -106,7 +106,7 @@ c10::IValue naive_forward(Skeleton& sk, const std::string& path, const ImageInfo
       }
       done += static_cast<std::uint64_t>(n);
     }
-    emulated_read_wait(queued, len);  // Note [An emulated disk] (swapcore/src/reader.cpp)
+    emulated_read_wait(queued, len);  // Note [An emulated disk] (swapcore/src/emulated_disk.cpp)
     *bytes_read += len;
     (void)::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
     for (int k = first; k <= last; ++k) {

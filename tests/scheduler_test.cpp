@@ -448,7 +448,7 @@ TEST(Runtime, AModelThatLearnsItsCostsIsSplitAgainWithThem) {
   for (const auto& m : st) EXPECT_EQ(m.over_budget, 0u) << m.name;
 }
 
-// The same where the model's plan stays (Note [A re-plan must gain] in executor.cpp): both models
+// The same where the model's plan stays (Note [A re-plan must gain] in executor_learn.cpp): both models
 // fit whole, so the grid rebuilt with the learned costs has the plan in force at its budget and
 // the plan is kept; its latency curve is made again all the same.
 TEST(Runtime, AModelThatKeepsItsPlanWithLearnedCostsHasItsCurveMadeAgain) {

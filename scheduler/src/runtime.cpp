@@ -209,7 +209,7 @@ void Runtime::Impl::shed_loop() {
 // service] in cost_learner.cpp) re-plans its own blocks within its budget; but the split between
 // models was made with the latency curves of its costs at open. Worker i, under `lk`, after an
 // inference in which its executor took learned costs (a plan put in force with them, or the
-// plan in force kept: Note [A re-plan must gain] in executor.cpp): its demand (curve, full bytes,
+// plan in force kept: Note [A re-plan must gain] in executor_learn.cpp): its demand (curve, full bytes,
 // latency at full), the dispatcher's seeds (layer table, read time) are made again from the
 // learned costs, and the total is split again as a budget change would split it (an
 // adaptation noted "costs learned"; models move at block boundaries, shrinking ones shed). A
@@ -257,7 +257,7 @@ void Runtime::Impl::retarget(const Allocation& a, std::uint64_t bytes, Clock::ti
   adaptations.push_back(std::move(ad));
   note_if_settled();
   // Models that must shrink stop at their next layer boundary to move, and give back at once
-  // what their running layer does not read (Note [Shedding] in executor.cpp), on the
+  // what their running layer does not read (Note [Shedding] in executor_memory.cpp), on the
   // runtime's shedding thread (Note [Shedding off the caller's thread]).
   for (size_t i = 0; i < w.size(); ++i) {
     if (target[i] < holds(i)) {

@@ -43,7 +43,7 @@ struct Request {
 enum class Grant { kNone, kGo, kDrop };
 
 // How many times an executor took learned costs and its plan followed them: put a new plan in
-// force, or kept the one in force (Note [A re-plan must gain] in executor.cpp). Either way its
+// force, or kept the one in force (Note [A re-plan must gain] in executor_learn.cpp). Either way its
 // latency curve changed, and the split is made again with it (Note [Splitting with learned costs]
 // in runtime.cpp).
 inline std::uint64_t learned_count(const Executor::Learning& l) { return l.adopted + l.kept_plans; }

@@ -552,7 +552,7 @@ class SWAPNET_API Executor {
     std::uint64_t replans = 0;   // of them, those that took costs (a plan put in force, or kept)
     std::uint64_t adopted = 0;   // plans made with learned costs put in force (with a grid: once built)
     // Re-plans that kept the plan in force: the best plan with the costs learned was not predicted
-    // enough faster (Note [A re-plan must gain] in executor.cpp); the costs were taken all the same.
+    // enough faster (Note [A re-plan must gain] in executor_learn.cpp); the costs were taken all the same.
     std::uint64_t kept_plans = 0;
     // The last window: summed |median measured - planned| layer time over the sum planned, the
     // sums themselves, and the read rates measured (0: under 4 MiB read) and planned.
