@@ -125,92 +125,121 @@ void BlockCursor::pump_reads(const Position& pos, bool may_wait) {
     if (rd_beyond || (rd_next && (!cfg_.cross_inference || rd_block >= pos.cur))) {
       return held("held: an inference ahead", rd_block);
     }
-    const int b = rd_block;
-    const auto [bf, bl] = w_.plan.blocks[b];
-    const int first = rd_first >= 0 ? rd_first : bf;
-    Fetch f;
-    f.block = b;
-    f.first = first;
-    f.last = bl;
-    f.bytes = span(first, bl);
-    f.next = rd_next;
-    f.order = fetch_order_ + 1;
+    Fetch f = cursor_fetch();
+    const int b = f.block;
     if (w_.plan.resident[b]) {
       if (w_.kept_state[b] != Weights::Kept::kNone) {
         advance();
         continue;
       }
+      const int bf = w_.plan.blocks[b].first;
       f.resident = true;
-      f.at = f.bytes > 0 ? w_.kept->base() + w_.kept_at[b] + (offset(first) - offset(bf)) : zero_page();
-      if (first == bf) w_.kept_state[b] = Weights::Kept::kLoading;
+      f.at = f.bytes > 0 ? w_.kept->base() + w_.kept_at[b] + (offset(f.first) - offset(bf)) : zero_page();
+      if (f.first == bf) w_.kept_state[b] = Weights::Kept::kLoading;
     } else if (f.bytes > 0) {
-      // The block kept in part (Note [Keeping part of a block]): read from its first layer
-      // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
-      // until that has been done once, or when its checksums are to be verified.
-      const bool keeps = b == w_.plan.retain_block;
-      std::uint64_t kept = 0;
-      if (keeps) {
-        f.first = bf;
-        f.bytes = span(bf, bl);
-        kept = w_.plan.retained_bytes;
-        f.skip = w_.retained_valid && checks_for(bf, bl).empty() ? kept : 0;
-      }
-      backend_.reclaim(*w_.ring, false);
-      while (may_wait && !w_.ring->fits(f.bytes) && backend_.pending() > 1) backend_.reclaim(*w_.ring, true, true);
-      char* at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept) : w_.ring->push(f.bytes, ring_limit(pos, f)));
-      if (at == nullptr) {
-        // Streamed (Note [Streaming into the ring]): its pieces are read as older blocks free
-        // their bytes. Not with checksums to verify (they need the layer whole in one read).
-        if (!cfg_.stream || f.bytes - kept <= kPiece || !checks_for(f.first, bl).empty() || f.skip != kept) {
-          return held(!keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
-                          ? "held: activations' zone"
-                          : "held: no room",
-                      b);
-        }
-        at = static_cast<char*>(keeps ? w_.ring->push_first_streamed(f.bytes - kept)
-                                      : w_.ring->push_streamed(f.bytes, ring_limit(pos, f)));
-        if (at == nullptr) {
-          return held(w_.ring->streaming()                                             ? "held: a block streams"
-                      : !keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
-                          ? "held: activations' zone"
-                          : "held: no room to stream",
-                      b);
-        }
-        f.at = at - kept;
-        f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
-        f.stream = true;
-        ++stats_.streamed;
-        trace_submitted(f);
-        fetch_order_ = f.order;
-        fetches_.push_back(std::move(f));
-        streaming = !stream_pieces(fetches_.back());
-        note_in_use();
-        advance();
-        if (streaming && !cfg_.read_past_streamed) return;
-        continue;  // blocks that overlap nothing held may follow it
-      }
-      f.at = at - kept;
-      if (streaming) ++stats_.read_past_streamed;
+      const Step step = place_in_ring(f, pos, may_wait, streaming);
+      if (step == Step::kStop) return;
+      if (step == Step::kNext) continue;
     }
-    if (f.bytes > 0 && layer_by_layer(f)) {
-      // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
-      f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
-      for (size_t i = 0; i < f.pieces.size(); ++i) {
-        const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
-        f.pieces[i] = reader_.submit(offset(f.first) + at, len, f.at + at, {}, f.order);
-      }
-    } else if (f.bytes > 0) {
-      f.ticket = reader_.submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
-                                f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, bl), f.order);
-    } else {
-      f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
-    }
-    trace_submitted(f);
-    fetch_order_ = f.order;
-    fetches_.push_back(f);
-    note_in_use();
-    advance();
+    submit(f);
   }
+}
+// The fetch of the block at the cursor (from rd_first where trimmed), not placed yet.
+Fetch BlockCursor::cursor_fetch() const {
+  const int b = rd_block;
+  const auto [bf, bl] = w_.plan.blocks[b];
+  const int first = rd_first >= 0 ? rd_first : bf;
+  Fetch f;
+  f.block = b;
+  f.first = first;
+  f.last = bl;
+  f.bytes = span(first, bl);
+  f.next = rd_next;
+  f.order = fetch_order_ + 1;
+  return f;
+}
+// A block with bytes, not resident: its place in the ring, waiting (with `may_wait`) for the
+// kernels of executed blocks to free it; where there is none, streamed into it. kGoOn: placed,
+// its reads to submit; kNext: streamed and queued, the cursor on; kStop: the cursor stops.
+BlockCursor::Step BlockCursor::place_in_ring(Fetch& f, const Position& pos, bool may_wait, bool& streaming) {
+  const auto [bf, bl] = w_.plan.blocks[f.block];
+  // The block kept in part (Note [Keeping part of a block]): read from its first layer
+  // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
+  // until that has been done once, or when its checksums are to be verified.
+  const bool keeps = f.block == w_.plan.retain_block;
+  std::uint64_t kept = 0;
+  if (keeps) {
+    f.first = bf;
+    f.bytes = span(bf, bl);
+    kept = w_.plan.retained_bytes;
+    f.skip = w_.retained_valid && checks_for(bf, bl).empty() ? kept : 0;
+  }
+  backend_.reclaim(*w_.ring, false);
+  while (may_wait && !w_.ring->fits(f.bytes) && backend_.pending() > 1) backend_.reclaim(*w_.ring, true, true);
+  char* at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept) : w_.ring->push(f.bytes, ring_limit(pos, f)));
+  if (at == nullptr) return stream_into_ring(f, pos, keeps, kept, streaming);
+  f.at = at - kept;
+  if (streaming) ++stats_.read_past_streamed;
+  return Step::kGoOn;
+}
+// No room in the ring for the whole of `f` (`kept` bytes of it in the kept part when `keeps`):
+// streamed (Note [Streaming into the ring]), its pieces read as older blocks free their bytes.
+// Not with checksums to verify (they need the layer whole in one read). kNext: queued, the
+// cursor on (blocks that overlap nothing held may follow it); kStop: the cursor stops.
+BlockCursor::Step BlockCursor::stream_into_ring(Fetch& f, const Position& pos, bool keeps, std::uint64_t kept,
+                                                bool& streaming) {
+  const int b = f.block;
+  if (!cfg_.stream || f.bytes - kept <= kPiece || !checks_for(f.first, f.last).empty() || f.skip != kept) {
+    held(!keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
+             ? "held: activations' zone"
+             : "held: no room",
+         b);
+    return Step::kStop;
+  }
+  char* at = static_cast<char*>(keeps ? w_.ring->push_first_streamed(f.bytes - kept)
+                                      : w_.ring->push_streamed(f.bytes, ring_limit(pos, f)));
+  if (at == nullptr) {
+    held(w_.ring->streaming()                                                        ? "held: a block streams"
+         : !keeps && w_.ring->lend() > 0 && w_.ring->fits(f.bytes, w_.ring->capacity() + w_.ring->lend())
+             ? "held: activations' zone"
+             : "held: no room to stream",
+         b);
+    return Step::kStop;
+  }
+  f.at = at - kept;
+  f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+  f.stream = true;
+  ++stats_.streamed;
+  trace_submitted(f);
+  fetch_order_ = f.order;
+  fetches_.push_back(std::move(f));
+  streaming = !stream_pieces(fetches_.back());
+  note_in_use();
+  advance();
+  if (streaming && !cfg_.read_past_streamed) return Step::kStop;
+  return Step::kNext;
+}
+// Submits the reads of a placed fetch (whole, or in pieces: Note [Layer by layer]), queues it
+// and moves the cursor on.
+void BlockCursor::submit(Fetch& f) {
+  if (f.bytes > 0 && layer_by_layer(f)) {
+    // In pieces, so that its first layers run while the rest lands (Note [Layer by layer]).
+    f.pieces.assign((f.bytes - f.skip + kPiece - 1) / kPiece, 0);
+    for (size_t i = 0; i < f.pieces.size(); ++i) {
+      const std::uint64_t at = f.skip + i * kPiece, len = std::min(kPiece, f.bytes - at);
+      f.pieces[i] = reader_.submit(offset(f.first) + at, len, f.at + at, {}, f.order);
+    }
+  } else if (f.bytes > 0) {
+    f.ticket = reader_.submit(offset(f.first) + f.skip, f.bytes - f.skip, f.at + f.skip,
+                              f.skip ? std::vector<BlockReader::Check>{} : checks_for(f.first, f.last), f.order);
+  } else {
+    f.at = zero_page();  // weightless layers: views of nothing, somewhere valid
+  }
+  trace_submitted(f);
+  fetch_order_ = f.order;
+  fetches_.push_back(f);
+  note_in_use();
+  advance();
 }
 // A fetch was queued: traced as "read block b" (its reads are named by f.order).
 void BlockCursor::trace_submitted(const Fetch& f) {

@@ -128,6 +128,13 @@ class BlockCursor {
   void mark_verified(int first, int last);
   void advance();
   void pump_reads(const Position& pos, bool may_wait);
+  // pump_reads' steps: what the cursor does after a block (kGoOn: submit its reads; kNext: the
+  // next block; kStop: the cursor stops here).
+  enum class Step { kGoOn, kStop, kNext };
+  Fetch cursor_fetch() const;
+  Step place_in_ring(Fetch& f, const Position& pos, bool may_wait, bool& streaming);
+  Step stream_into_ring(Fetch& f, const Position& pos, bool keeps, std::uint64_t kept, bool& streaming);
+  void submit(Fetch& f);
   void trace_submitted(const Fetch& f);
   bool stream_pieces(Fetch& f);
   void cancel_reads(const Fetch& f);
