@@ -320,45 +320,67 @@ std::optional<CostLearner::Decision> CostLearner::observe(const IoCount& now, co
   // build slowing the inferences the next re-plan was made from. It does not count.
   if (grid_epoch_ != GridBuild::epoch() || GridBuild::running() > 0) return std::nullopt;
   push(now, planned, model, predict);
-  const std::size_t L = layers_;
   const int every = config_.every;
-  const bool times = config_.times;
   const double planned_rate = model.alpha_ms_per_byte > 0 ? 1e3 / model.alpha_ms_per_byte : 0;
   // A window is learn_after inferences and learn_window_ms at least (Note [Noise in the window]).
   const std::size_t most = std::max<std::size_t>(every, kLearnWindowMost);
   if (static_cast<int>(window_.size()) < every || (window_span_ms(0) < config_.window_ms && window_.size() < most)) {
     return std::nullopt;
   }
-  std::vector<double> med(L), v;  // each layer's middle mean (Note [Noise in the window])
-  double planned_sum = 0, measured = 0, diff = 0;
+  Window w = measure(planned_ms, planned_rate);
+  predict_window(w, planned, model, predict);
+  if (!stands_out(most)) return std::nullopt;
+  return decide(w, planned, model, predict);
+}
+
+// The window's costs (each layer's middle mean, the read rate) against those planned with,
+// into stats(); `planned_rate` in bytes per second (0: none).
+CostLearner::Window CostLearner::measure(const std::vector<double>& planned_ms, double planned_rate) {
+  const std::size_t L = layers_;
+  Window w;
+  w.planned_rate = planned_rate;
+  w.med.assign(L, 0.0);  // each layer's middle mean (Note [Noise in the window])
+  std::vector<double> v;
   for (std::size_t i = 0; i < L; ++i) {
     v.clear();
-    for (const auto& w : window_) v.push_back(w[i]);
-    med[i] = middle_mean(v);
+    for (const auto& x : window_) v.push_back(x[i]);
+    w.med[i] = middle_mean(v);
     const double t = planned_ms[i];
-    planned_sum += t;
-    measured += med[i];
-    diff += std::fabs(med[i] - t);
+    w.planned_sum += t;
+    w.measured += w.med[i];
+    w.diff += std::fabs(w.med[i] - t);
   }
-  const double rate = rate_between(io_.front(), io_.back(), 4.0 * (1 << 20));  // bytes per second
+  w.rate = rate_between(io_.front(), io_.back(), 4.0 * (1 << 20));  // bytes per second
   Executor::Learning& l = learned_;
-  l.layer_error = times ? (planned_sum > 0 ? diff / planned_sum : (measured > 0 ? INFINITY : 0)) : 0;
-  l.measured_layers_ms = measured;
-  l.planned_layers_ms = planned_sum;
-  l.read_mb_s = rate / 1e6;
-  l.planned_read_mb_s = planned_rate / 1e6;
+  l.layer_error = config_.times ? (w.planned_sum > 0 ? w.diff / w.planned_sum : (w.measured > 0 ? INFINITY : 0)) : 0;
+  l.measured_layers_ms = w.measured;
+  l.planned_layers_ms = w.planned_sum;
+  l.read_mb_s = w.rate / 1e6;
+  l.planned_read_mb_s = w.planned_rate / 1e6;
   l.window = window_.size();
-  // The plan in force, predicted with the costs measured and with those planned with.
-  std::vector<LayerCost> costs = planned;
-  CostModel cm = model;
-  const bool reads = rate > 0 && planned_rate > 0;
-  if (times) {
-    for (std::size_t i = 0; i < L; ++i) costs[i].exec_ms = med[i];
+  return w;
+}
+
+// The plan in force, predicted with the costs measured and with those planned with; their
+// ratio into stats().plan_error.
+void CostLearner::predict_window(Window& w, const std::vector<LayerCost>& planned, const CostModel& model,
+                                 const Predict& predict) {
+  w.costs = planned;
+  w.cm = model;
+  w.reads = w.rate > 0 && w.planned_rate > 0;
+  if (config_.times) {
+    for (std::size_t i = 0; i < layers_; ++i) w.costs[i].exec_ms = w.med[i];
   }
-  if (reads) cm.alpha_ms_per_byte = 1e3 / rate;
-  const double now_planned = predict(planned, model);
-  const double now_measured = predict(costs, cm);
-  l.plan_error = now_planned > 0 ? now_measured / now_planned - 1 : 0;
+  if (w.reads) w.cm.alpha_ms_per_byte = 1e3 / w.rate;
+  w.now_planned = predict(planned, model);
+  w.now_measured = predict(w.costs, w.cm);
+  learned_.plan_error = w.now_planned > 0 ? w.now_measured / w.now_planned - 1 : 0;
+}
+
+// Whether the window's plan error stands out of the gate and of its noise; where not, the
+// window grows (noisy, not at its `most` inferences yet) or slides on.
+bool CostLearner::stands_out(std::size_t most) {
+  Executor::Learning& l = learned_;
   // Each re-plan doubles the error the next one needs; it halves back over 100 inferences or 10 s
   // without one, whichever is longer (down to learn_threshold). Costs that change from window to
   // window by more than the threshold (two small models sharing this VM's two cores:
@@ -371,10 +393,17 @@ std::optional<CostLearner::Decision> CostLearner::observe(const IoCount& now, co
   // before it decides.
   l.noise = window_noise(pred_);
   if (!(std::fabs(l.plan_error) > std::max(gate_, 2 * l.noise))) {
-    if (2 * l.noise > gate_ && window_.size() < most) return std::nullopt;  // the window grows
+    if (2 * l.noise > gate_ && window_.size() < most) return false;  // the window grows
     slide();
-    return std::nullopt;
+    return false;
   }
+  return true;
+}
+
+// A window that stands out: the costs to take, the gate doubled and the window started again.
+CostLearner::Decision CostLearner::decide(const Window& w, const std::vector<LayerCost>& planned,
+                                          const CostModel& model, const Predict& predict) {
+  Executor::Learning& l = learned_;
   ++l.windows;
   gate_ = std::min(1e3, 2 * gate_);
   // Each kind of cost replaces the planned one where it alone moves the prediction enough (both
@@ -384,22 +413,23 @@ std::optional<CostLearner::Decision> CostLearner::observe(const IoCount& now, co
   // slower than packed and, with both learned, planned 1.03-1.04 x slower than with the right
   // profile; with the rate alone it plans as the right profile does (Note [Learning the costs in
   // service]).
+  const double now_planned = w.now_planned;
   auto moves = [&](double p, double by) { return now_planned > 0 && std::fabs(p / now_planned - 1) > by; };
   Decision d;
-  d.take_times = times && moves(predict(costs, model), config_.threshold);
-  d.take_reads = reads && moves(predict(planned, cm), 0.5 * config_.threshold);
-  if (!d.take_times && !d.take_reads) d.take_times = times, d.take_reads = reads;
-  if (d.take_times) d.layer_ms = med;
-  d.cost = d.take_reads ? cm : model;
+  d.take_times = config_.times && moves(predict(w.costs, model), config_.threshold);
+  d.take_reads = w.reads && moves(predict(planned, w.cm), 0.5 * config_.threshold);
+  if (!d.take_times && !d.take_reads) d.take_times = config_.times, d.take_reads = w.reads;
+  if (d.take_times) d.layer_ms = w.med;
+  d.cost = d.take_reads ? w.cm : model;
   const IoCount last = io_.back();
   restart(last);
   ++l.replans;
-  d.what = "the plan in force would take " + std::to_string(now_measured) + " ms with the costs measured, not the " +
-           std::to_string(now_planned) + " planned (layers " + std::to_string(measured) + " ms in all, not " +
-           std::to_string(planned_sum);
-  if (reads) {
-    d.what += "; reads at " + std::to_string(static_cast<long long>(rate / 1e6)) + " MB/s, not " +
-              std::to_string(static_cast<long long>(planned_rate / 1e6));
+  d.what = "the plan in force would take " + std::to_string(w.now_measured) + " ms with the costs measured, not the " +
+           std::to_string(now_planned) + " planned (layers " + std::to_string(w.measured) + " ms in all, not " +
+           std::to_string(w.planned_sum);
+  if (w.reads) {
+    d.what += "; reads at " + std::to_string(static_cast<long long>(w.rate / 1e6)) + " MB/s, not " +
+              std::to_string(static_cast<long long>(w.planned_rate / 1e6));
   }
   d.what += "; noise " + std::to_string(static_cast<long long>(std::lround(100 * l.noise))) + " %";
   d.what += std::string("): ") + (d.take_times && d.take_reads ? "both" : d.take_times ? "the layer times" : "the read rate") +

@@ -75,6 +75,23 @@ class CostLearner {
   double window_span_ms(std::size_t from) const;  // from io_[from] to the newest count
   void push(const IoCount& now, const std::vector<LayerCost>& planned, const CostModel& model, const Predict& predict);
   void slide();  // the window said nothing: it slides on, and the gate halves back
+  // observe()'s steps: a full window measured against the costs planned with (measure,
+  // predict_window), whether its error stands out, and the costs it takes (decide).
+  struct Window {
+    std::vector<double> med;                         // each layer's middle mean
+    double planned_sum = 0, measured = 0, diff = 0;  // layer times: planned, measured, |difference|
+    double rate = 0, planned_rate = 0;               // read rates, bytes per second (0: none)
+    std::vector<LayerCost> costs;                    // planned, with the times measured (Config::times)
+    CostModel cm;                                    // model, with the rate measured (where `reads`)
+    bool reads = false;                              // both rates known
+    double now_planned = 0, now_measured = 0;        // the plan in force predicted with each
+  };
+  Window measure(const std::vector<double>& planned_ms, double planned_rate);
+  void predict_window(Window& w, const std::vector<LayerCost>& planned, const CostModel& model,
+                      const Predict& predict);
+  bool stands_out(std::size_t most);
+  Decision decide(const Window& w, const std::vector<LayerCost>& planned, const CostModel& model,
+                  const Predict& predict);
 
   Config config_;
   std::size_t layers_;
