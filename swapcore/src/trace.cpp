@@ -113,6 +113,108 @@ std::string escaped(const std::string& s) {
   return o;
 }
 
+// What trace_write takes from the tracer, which stops recording.
+struct Taken {
+  std::vector<Event> events;
+  std::vector<std::string> groups;
+  std::uint64_t dropped = 0;
+};
+
+Taken take_events() {
+  Tracer& t = tracer();
+  Taken out;
+  std::lock_guard<std::mutex> lock(t.mu);
+  on().store(false);
+  out.events.swap(t.events);
+  out.groups = t.groups;
+  out.dropped = t.dropped;
+  t.cap = 0;
+  return out;
+}
+
+// The file's list of trace events, written one at a time with separators between them.
+struct EventList {
+  std::FILE* f;
+  bool first = true;
+  void sep() {
+    if (!first) std::fputs(",\n", f);
+    first = false;
+  }
+};
+
+// A process for each group that has events, with its lanes as named, ordered threads.
+void write_names(EventList& out, const std::vector<std::string>& groups, const std::vector<Event>& events) {
+  std::FILE* f = out.f;
+  std::vector<char> used(groups.size(), 0);
+  for (const Event& e : events) {
+    if (e.group < used.size()) used[e.group] = 1;
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!used[g]) continue;
+    out.sep();
+    std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"name\":\"process_name\",\"args\":{\"name\":\"%s\"}}", g,
+                 escaped(groups[g]).c_str());
+    for (int l = 0; l < kLanes; ++l) {
+      out.sep();
+      std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}", g,
+                   l + 1, lane_name(static_cast<TraceLane>(l)));
+      out.sep();
+      std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
+                   g, l + 1, l);
+    }
+  }
+}
+
+// One event: a counter, an instant, an async slice pair on the reads lane (they overlap; `id`
+// numbers them), or a complete span.
+void write_event(EventList& out, const Event& e, std::uint64_t* id) {
+  std::FILE* f = out.f;
+  const int tid = static_cast<int>(e.lane) + 1;
+  char name[160];
+  if (e.num >= 0) {
+    std::snprintf(name, sizeof name, "%s %lld", e.name, static_cast<long long>(e.num));
+  } else {
+    std::snprintf(name, sizeof name, "%s", e.name);
+  }
+  char args[160] = "{}";
+  if (e.ph == 'C') {
+    std::snprintf(args, sizeof args, "{\"value\":%lld}", static_cast<long long>(e.value));
+  } else if (e.arg != nullptr) {
+    std::snprintf(args, sizeof args, "{\"%s\":%lld}", e.arg, static_cast<long long>(e.value));
+  }
+  const double ts = static_cast<double>(e.t0) / 1e3, te = static_cast<double>(e.t1) / 1e3;
+  out.sep();
+  if (e.ph == 'C') {
+    std::fprintf(f, "{\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group, ts, name, args);
+  } else if (e.ph == 'i') {
+    std::fprintf(f, "{\"ph\":\"i\",\"s\":\"t\",\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group,
+                 tid, ts, name, args);
+  } else if (e.lane == TraceLane::kReads) {  // overlapping: an async slice each
+    ++*id;
+    std::fprintf(f,
+                 "{\"ph\":\"b\",\"cat\":\"reads\",\"id\":%llu,\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s},\n"
+                 "{\"ph\":\"e\",\"cat\":\"reads\",\"id\":%llu,\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\"}",
+                 static_cast<unsigned long long>(*id), e.group, tid, ts, name, args,
+                 static_cast<unsigned long long>(*id), e.group, tid, te, name);
+  } else {
+    std::fprintf(f, "{\"ph\":\"X\",\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group,
+                 tid, ts, te - ts, name, args);
+  }
+}
+
+// Closes the trace file; an error while writing or closing it fails the write.
+Status close_trace(std::FILE* f, const std::string& path) {
+  errno = 0;
+  const bool bad = std::ferror(f) != 0;
+  const int write_errno = errno;
+  const bool closed = std::fclose(f) == 0;
+  const int e = !closed && errno != 0 ? errno : write_errno != 0 ? write_errno : EIO;
+  if (bad || !closed) {
+    return Status::error(e, path + ": writing the trace failed: " + std::strerror(e) + " (" + errno_name(e) + ")");
+  }
+  return Status();
+}
+
 }  // namespace
 
 void trace_start(std::size_t max_events) {
@@ -156,92 +258,20 @@ void trace_counter(std::uint32_t group, const char* name, std::int64_t value) no
 }
 
 Status trace_write(const std::string& path) {
-  Tracer& t = tracer();
-  std::vector<Event> events;
-  std::vector<std::string> groups;
-  std::uint64_t dropped = 0;
-  {
-    std::lock_guard<std::mutex> lock(t.mu);
-    on().store(false);
-    events.swap(t.events);
-    groups = t.groups;
-    dropped = t.dropped;
-    t.cap = 0;
-  }
+  const Taken taken = take_events();
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     const int e = errno;
     return Status::error(e, path + ": cannot write the trace: " + std::strerror(e) + " (" + errno_name(e) + ")");
   }
-  std::vector<char> used(groups.size(), 0);
-  for (const Event& e : events) {
-    if (e.group < used.size()) used[e.group] = 1;
-  }
   std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":%llu,\"events\":%zu},\"traceEvents\":[\n",
-               static_cast<unsigned long long>(dropped), events.size());
-  bool first = true;
-  auto sep = [&] {
-    if (!first) std::fputs(",\n", f);
-    first = false;
-  };
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    if (!used[g]) continue;
-    sep();
-    std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"name\":\"process_name\",\"args\":{\"name\":\"%s\"}}", g,
-                 escaped(groups[g]).c_str());
-    for (int l = 0; l < kLanes; ++l) {
-      sep();
-      std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}", g,
-                   l + 1, lane_name(static_cast<TraceLane>(l)));
-      sep();
-      std::fprintf(f, "{\"ph\":\"M\",\"pid\":%zu,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
-                   g, l + 1, l);
-    }
-  }
+               static_cast<unsigned long long>(taken.dropped), taken.events.size());
+  EventList out{f};
+  write_names(out, taken.groups, taken.events);
   std::uint64_t id = 0;
-  for (const Event& e : events) {
-    const int tid = static_cast<int>(e.lane) + 1;
-    char name[160];
-    if (e.num >= 0) {
-      std::snprintf(name, sizeof name, "%s %lld", e.name, static_cast<long long>(e.num));
-    } else {
-      std::snprintf(name, sizeof name, "%s", e.name);
-    }
-    char args[160] = "{}";
-    if (e.ph == 'C') {
-      std::snprintf(args, sizeof args, "{\"value\":%lld}", static_cast<long long>(e.value));
-    } else if (e.arg != nullptr) {
-      std::snprintf(args, sizeof args, "{\"%s\":%lld}", e.arg, static_cast<long long>(e.value));
-    }
-    const double ts = static_cast<double>(e.t0) / 1e3, te = static_cast<double>(e.t1) / 1e3;
-    sep();
-    if (e.ph == 'C') {
-      std::fprintf(f, "{\"ph\":\"C\",\"pid\":%u,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group, ts, name, args);
-    } else if (e.ph == 'i') {
-      std::fprintf(f, "{\"ph\":\"i\",\"s\":\"t\",\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group,
-                   tid, ts, name, args);
-    } else if (e.lane == TraceLane::kReads) {  // overlapping: an async slice each
-      ++id;
-      std::fprintf(f,
-                   "{\"ph\":\"b\",\"cat\":\"reads\",\"id\":%llu,\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\",\"args\":%s},\n"
-                   "{\"ph\":\"e\",\"cat\":\"reads\",\"id\":%llu,\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"name\":\"%s\"}",
-                   static_cast<unsigned long long>(id), e.group, tid, ts, name, args,
-                   static_cast<unsigned long long>(id), e.group, tid, te, name);
-    } else {
-      std::fprintf(f, "{\"ph\":\"X\",\"pid\":%u,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"name\":\"%s\",\"args\":%s}", e.group,
-                   tid, ts, te - ts, name, args);
-    }
-  }
+  for (const Event& e : taken.events) write_event(out, e, &id);
   std::fputs("\n]}\n", f);
-  errno = 0;
-  const bool bad = std::ferror(f) != 0;
-  const int write_errno = errno;
-  const bool closed = std::fclose(f) == 0;
-  const int e = !closed && errno != 0 ? errno : write_errno != 0 ? write_errno : EIO;
-  if (bad || !closed) {
-    return Status::error(e, path + ": writing the trace failed: " + std::strerror(e) + " (" + errno_name(e) + ")");
-  }
-  return Status();
+  return close_trace(f, path);
 }
 
 }  // namespace swapnet
