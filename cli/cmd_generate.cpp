@@ -116,24 +116,18 @@ std::vector<c10::IValue> final_state(const std::vector<c10::IValue>& state0, con
   return out;
 }
 
-}  // namespace
-
-int generate(const std::string& path, const Common& c, const GenerateOptions& o) {
-  apply_common(c);
-  install_cpu_meter();
-  c10::InferenceMode inference;
-  ImageInfo info;
-  read_image_info(path, &info).throw_if_error();
+void check_options(const GenerateOptions& o) {
   if (o.new_tokens < 1) throw Error("--new-tokens " + std::to_string(o.new_tokens) + ": at least 1");
   if (o.prompt_tokens < 1) throw Error("--prompt-tokens " + std::to_string(o.prompt_tokens) + ": at least 1");
   if (o.mode != "swapnet" && o.mode != "direct" && o.mode != "naive") {
     throw Error("--mode '" + o.mode + "' is not one of swapnet|direct|naive");
   }
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
-  const Skeleton shape_of = Skeleton::from_image(info, path);
-  std::int64_t vocab = o.vocab > 0 ? o.vocab : vocabulary(shape_of);
-  if (vocab <= 0) throw Error(path + ": no embedding layer tells the vocabulary size: give --vocab");
-  // The initial state: --state, else the image's example input after the tokens, as zeros.
+}
+
+// The initial state: --state, else the image's example input after the tokens, as zeros.
+std::vector<c10::IValue> initial_state(const std::string& path, const Common& c, const GenerateOptions& o,
+                                       const ImageInfo& info) {
   std::vector<c10::IValue> state0;
   if (!o.state.empty()) {
     state0 = make_inputs(o.state, c.seed + 1);
@@ -157,40 +151,54 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
     throw Error(path + ": forward takes " + std::to_string(info.num_inputs) + " inputs; tokens and " +
                 std::to_string(state0.size()) + " state tensors were given");
   }
-  at::manual_seed(c.seed);
-  const at::Tensor prompt = at::randint(0, vocab, {1, o.prompt_tokens}, at::TensorOptions().dtype(at::kLong));
-  const std::int64_t context = o.prompt_tokens + o.new_tokens - 1;  // tokens the last call's cache holds
+  return state0;
+}
+
+// What the generation runs on (--mode): the executor, naive's path, or the whole model in memory.
+// Neither copied nor moved: `fwd` and `read` refer to its members.
+struct Backend {
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
 
   ExecutorOptions eo;
   std::unique_ptr<Executor> ex;
   std::unique_ptr<InMemory> mem;
   Forward fwd;
-  std::function<std::uint64_t()> read;
+  std::function<std::uint64_t()> read;  // bytes read so far; empty in direct mode
   std::uint64_t naive_read = 0;
   ExecutionPlan nplan;
   std::unique_ptr<Skeleton> naive_sk;
-  drop_page_cache(path);
-  std::uint64_t cache_before = 0, cache_after = 0;
-  page_cache_bytes(path, &cache_before).throw_if_error();
+};
+
+// Opens `b` for o.mode. `path` and `info` must outlive it (its naive forward refers to them).
+void open_backend(const std::string& path, const Common& c, const GenerateOptions& o, const ImageInfo& info,
+                  Backend* b) {
   if (o.mode == "swapnet" || o.mode == "naive") {
-    eo.budget = parse_size(o.budget);
-    use_profile(device_profile(path, c, o.profile), &eo);
-    set_executor_option(&eo, "--read-ahead", o.read_ahead);
+    b->eo.budget = parse_size(o.budget);
+    use_profile(device_profile(path, c, o.profile), &b->eo);
+    set_executor_option(&b->eo, "--read-ahead", o.read_ahead);
   }
   if (o.mode == "swapnet") {
-    ex = Executor::open(path, eo);
-    fwd = [&](std::vector<c10::IValue> in) { return ex->forward(std::move(in)); };
-    read = [&] { return ex->bytes_used(); };
+    b->ex = Executor::open(path, b->eo);
+    b->fwd = [b](std::vector<c10::IValue> in) { return b->ex->forward(std::move(in)); };
+    b->read = [b] { return b->ex->bytes_used(); };
   } else if (o.mode == "naive") {
-    nplan = naive_plan(info, eo, path);  // as run --mode naive: buffer + copy within the budget
-    naive_sk = std::make_unique<Skeleton>(Skeleton::from_image(info, path));
-    fwd = [&](std::vector<c10::IValue> in) { return naive_forward(*naive_sk, path, info, nplan, std::move(in), &naive_read); };
-    read = [&] { return naive_read; };
+    b->nplan = naive_plan(info, b->eo, path);  // as run --mode naive: buffer + copy within the budget
+    b->naive_sk = std::make_unique<Skeleton>(Skeleton::from_image(info, path));
+    b->fwd = [b, &path, &info](std::vector<c10::IValue> in) {
+      return naive_forward(*b->naive_sk, path, info, b->nplan, std::move(in), &b->naive_read);
+    };
+    b->read = [b] { return b->naive_read; };
   } else {
-    mem = std::make_unique<InMemory>(path, info);
-    fwd = [&](std::vector<c10::IValue> in) { return mem->sk.forward(std::move(in)); };
+    b->mem = std::make_unique<InMemory>(path, info);
+    b->fwd = [b](std::vector<c10::IValue> in) { return b->mem->sk.forward(std::move(in)); };
   }
-  // Warm-up (Note [Generation]): the prompt's call and one at the final context.
+}
+
+// Warm-up (Note [Generation]): the prompt's call and one at the final context. Returns its ms.
+double warm_up(const std::string& path, const GenerateOptions& o, const Forward& fwd, const at::Tensor& prompt,
+               const std::vector<c10::IValue>& state0, std::int64_t context) {
   const auto t_warm = Clock::now();
   std::vector<c10::IValue> first{prompt.clone()};
   for (const auto& v : state0) first.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
@@ -208,75 +216,107 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
                 std::to_string(o.prompt_tokens) + " + " + std::to_string(o.new_tokens - 1) +
                 " generated) does not fit: " + e.what());
   }
-  const double warm_ms = ms_since(t_warm);
+  return ms_since(t_warm);
+}
 
+// What the timed generation measured, and its check against the in-memory one.
+struct Outcome {
+  Generation g;
+  std::uint64_t read0 = 0;         // bytes read before it
+  std::uint64_t act_peak = 0;      // libtorch's peak above where it began
+  std::uint64_t weights_peak = 0;
+  std::uint64_t cache_before = 0, cache_after = 0;  // the image's bytes in the page cache
+  std::uint64_t rss = 0;
+  double warm_ms = 0;
+  bool equal = false;  // tokens as in the in-memory generation
+  double raw = 0;      // the disk's raw rate, MB/s (0 in direct mode)
+};
+
+// The timed generation, and what it took.
+void timed_generation(const std::string& path, const GenerateOptions& o, const ImageInfo& info, Backend& b,
+                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, Outcome* r) {
   // Memory: the weights' peak (the executor's; the whole model in memory; naive's largest block
   // buffer) + what libtorch allocated at most since the generation began (activations, the
   // growing KV cache, naive's copies of the weights).
   reset_memory_peak();
-  if (ex) ex->reset_weight_peak();
+  if (b.ex) b.ex->reset_weight_peak();
   const std::uint64_t base = cpu_meter().current;
   reset_cpu_meter_peak();
-  const std::uint64_t read0 = read ? read() : 0;
-  Generation g = generate(path, fwd, prompt, state0, o.new_tokens, read);
-  const std::uint64_t act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
-  const std::uint64_t weights_peak = ex                   ? ex->weight_memory().peak
-                                     : o.mode == "direct" ? info.data_size
-                                                          : largest_block(nplan);  // naive's read buffer
-  page_cache_bytes(path, &cache_after).throw_if_error();
-  const std::uint64_t rss = vm_hwm_bytes();
+  r->read0 = b.read ? b.read() : 0;
+  r->g = generate(path, b.fwd, prompt, state0, o.new_tokens, b.read);
+  r->act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
+  r->weights_peak = b.ex                 ? b.ex->weight_memory().peak
+                    : o.mode == "direct" ? info.data_size
+                                         : largest_block(b.nplan);  // naive's read buffer
+  page_cache_bytes(path, &r->cache_after).throw_if_error();
+  r->rss = vm_hwm_bytes();
+}
 
-  // The reference: the same generation in memory (after the timed run: its memory is not counted).
+// The reference: the same generation in memory (after the timed run: its memory is not counted).
+void check_generation(const std::string& path, const GenerateOptions& o, const ImageInfo& info,
+                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, Outcome* r) {
   Generation ref;
   if (o.mode == "direct") {
-    ref = g;
+    ref = r->g;
   } else {
     InMemory reference(path, info);
     ref = generate(path, [&](std::vector<c10::IValue> in) { return reference.sk.forward(std::move(in)); }, prompt, state0,
                    o.new_tokens, {});
   }
-  const bool equal = ref.tokens == g.tokens;
-  const double raw = o.mode == "direct" ? 0 : raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
+  r->equal = ref.tokens == r->g.tokens;
+  r->raw = o.mode == "direct" ? 0 : raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
+}
 
+json report_json(const std::string& path, const GenerateOptions& o, const ImageInfo& info, std::int64_t vocab,
+                 const Backend& b, const Outcome& r, double per_token_bytes) {
+  const Generation& g = r.g;
   double decode_ms = 0;
   for (size_t i = 1; i < g.call_ms.size(); ++i) decode_ms += g.call_ms[i];
   const int decoded = o.new_tokens - 1;
-  const double per_token_bytes =
-      decoded > 0 ? static_cast<double>(g.read.back() - g.read.front()) / decoded
-                  : static_cast<double>(g.read.front() - read0);
   json j;
   j["image"] = path;
   j["mode"] = o.mode;
-  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(eo.budget);
+  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(b.eo.budget);
   j["model_bytes"] = info.data_size;
   j["vocab"] = vocab;
   j["prompt_tokens"] = o.prompt_tokens;
   j["new_tokens"] = o.new_tokens;
   j["tokens"] = g.tokens;
-  j["equal"] = equal;
+  j["equal"] = r.equal;
   j["time_to_first_token_ms"] = g.call_ms.front();
   j["tokens_per_s"] = decoded > 0 && decode_ms > 0 ? decoded * 1e3 / decode_ms : 0.0;
   j["ms_per_token"] = decoded > 0 ? decode_ms / decoded : g.call_ms.front();
   j["call_ms"] = g.call_ms;
   j["bytes_read_per_token"] = per_token_bytes;
-  j["raw_io_mb_s"] = raw;
-  j["io_bound_ms_per_token"] = raw > 0 ? per_token_bytes / (raw * 1e3) : 0.0;
-  j["peak_model_bytes"] = weights_peak + act_peak;
-  j["weights_peak_bytes"] = weights_peak;
-  j["activation_peak_bytes"] = act_peak;  // the state (KV cache) included
-  j["peak_rss_bytes"] = rss;
-  j["page_cache_growth_bytes"] = static_cast<std::int64_t>(cache_after) - static_cast<std::int64_t>(cache_before);
-  j["warmup_ms"] = warm_ms;
+  j["raw_io_mb_s"] = r.raw;
+  j["io_bound_ms_per_token"] = r.raw > 0 ? per_token_bytes / (r.raw * 1e3) : 0.0;
+  j["peak_model_bytes"] = r.weights_peak + r.act_peak;
+  j["weights_peak_bytes"] = r.weights_peak;
+  j["activation_peak_bytes"] = r.act_peak;  // the state (KV cache) included
+  j["peak_rss_bytes"] = r.rss;
+  j["page_cache_growth_bytes"] = static_cast<std::int64_t>(r.cache_after) - static_cast<std::int64_t>(r.cache_before);
+  j["warmup_ms"] = r.warm_ms;
   j["threads"] = at::get_num_threads();
-  if (ex) {
-    const ExecutionPlan& p = ex->plan();
+  if (b.ex) {
+    const ExecutionPlan& p = b.ex->plan();
     j["num_blocks"] = p.blocks.size();
     j["resident_bytes"] = p.resident_bytes;
     j["arena_bytes"] = p.arena_bytes;
     j["activation_reserve_bytes"] = p.activation_bytes;
-    j["remeasured_inputs"] = ex->remeasured();
+    j["remeasured_inputs"] = b.ex->remeasured();
     j["plan_read_bytes"] = p.read_bytes;
   }
+  return j;
+}
+
+void report(const std::string& path, const Common& c, const GenerateOptions& o, const ImageInfo& info,
+            std::int64_t vocab, const Backend& b, const Outcome& r) {
+  const Generation& g = r.g;
+  const int decoded = o.new_tokens - 1;
+  const double per_token_bytes =
+      decoded > 0 ? static_cast<double>(g.read.back() - g.read.front()) / decoded
+                  : static_cast<double>(g.read.front() - r.read0);
+  json j = report_json(path, o, info, vocab, b, r, per_token_bytes);
   if (c.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -284,12 +324,40 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
                 o.budget.empty() ? "-" : o.budget.c_str(), static_cast<long long>(o.prompt_tokens), o.new_tokens);
     std::printf("time to first token %.1f ms; %.2f tokens/s (%.1f ms/token); %.1f MB read per token, I/O bound %.1f ms/token at %.0f MB/s\n",
                 j["time_to_first_token_ms"].get<double>(), j["tokens_per_s"].get<double>(),
-                j["ms_per_token"].get<double>(), per_token_bytes / 1e6, j["io_bound_ms_per_token"].get<double>(), raw);
+                j["ms_per_token"].get<double>(), per_token_bytes / 1e6, j["io_bound_ms_per_token"].get<double>(), r.raw);
     std::printf("peak model memory %s (weights %s, activations and KV cache %s); tokens %s in-memory generation\n",
-                format_bytes(weights_peak + act_peak).c_str(), format_bytes(weights_peak).c_str(),
-                format_bytes(act_peak).c_str(), equal ? "identical to" : "DIFFER from");
+                format_bytes(r.weights_peak + r.act_peak).c_str(), format_bytes(r.weights_peak).c_str(),
+                format_bytes(r.act_peak).c_str(), r.equal ? "identical to" : "DIFFER from");
   }
-  return equal ? 0 : 1;
+}
+
+}  // namespace
+
+int generate(const std::string& path, const Common& c, const GenerateOptions& o) {
+  apply_common(c);
+  install_cpu_meter();
+  c10::InferenceMode inference;
+  ImageInfo info;
+  read_image_info(path, &info).throw_if_error();
+  check_options(o);
+  const Skeleton shape_of = Skeleton::from_image(info, path);
+  std::int64_t vocab = o.vocab > 0 ? o.vocab : vocabulary(shape_of);
+  if (vocab <= 0) throw Error(path + ": no embedding layer tells the vocabulary size: give --vocab");
+  const std::vector<c10::IValue> state0 = initial_state(path, c, o, info);
+  at::manual_seed(c.seed);
+  const at::Tensor prompt = at::randint(0, vocab, {1, o.prompt_tokens}, at::TensorOptions().dtype(at::kLong));
+  const std::int64_t context = o.prompt_tokens + o.new_tokens - 1;  // tokens the last call's cache holds
+
+  Backend b;
+  Outcome r;
+  drop_page_cache(path);
+  page_cache_bytes(path, &r.cache_before).throw_if_error();
+  open_backend(path, c, o, info, &b);
+  r.warm_ms = warm_up(path, o, b.fwd, prompt, state0, context);
+  timed_generation(path, o, info, b, prompt, state0, &r);
+  check_generation(path, o, info, prompt, state0, &r);
+  report(path, c, o, info, vocab, b, r);
+  return r.equal ? 0 : 1;
 }
 
 }  // namespace cli
