@@ -131,6 +131,125 @@ double fetch_pass(BlockReader& reader, const std::vector<Block>& blocks, void* b
   return static_cast<double>(total) / seconds_since(t0) / 1e6;
 }
 
+using Config = std::pair<unsigned, std::size_t>;  // queue depth, request bytes
+
+// The raw baseline's sweep: every queue depth x request size.
+std::vector<Config> sweep_configs() {
+  const std::vector<unsigned> depths = {4, 8, 16, 32};
+  const std::vector<std::size_t> sizes = {256u << 10, 1u << 20, 4u << 20};
+  std::vector<Config> configs;
+  for (unsigned d : depths) {
+    for (std::size_t s : sizes) configs.emplace_back(d, s);
+  }
+  return configs;
+}
+
+// Two block buffers of `largest` bytes, in one region (the raw baseline writes the same region).
+struct Buffers {
+  char* region = nullptr;
+  std::uint64_t largest = 0;
+  void* bufs[2] = {nullptr, nullptr};
+};
+
+// The buffers for `blocks`, their pages faulted in, registered with `reader`.
+Buffers block_buffers(const std::string& path, BlockReader& reader, const std::vector<Block>& blocks) {
+  Buffers b;
+  for (const auto& k : blocks) b.largest = std::max(b.largest, k.size);
+  b.region = static_cast<char*>(alloc_aligned(2 * b.largest));
+  if (b.region == nullptr) throw Error(path + ": cannot allocate two blocks of " + format_bytes(b.largest));
+  std::memset(b.region, 0, 2 * b.largest);  // fault the pages in before timing
+  b.bufs[0] = b.region;
+  b.bufs[1] = b.region + b.largest;
+  reader.register_buffers({{b.bufs[0], b.largest}, {b.bufs[1], b.largest}});
+  return b;
+}
+
+// Start from a cold page cache for this file (advisory).
+void drop_cached(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// What the two phases measured.
+struct Measured {
+  size_t best = 0;             // index of the raw baseline's configuration
+  json sweep = json::array();  // {queue_depth, request_bytes, mb_s} per configuration
+  std::vector<double> raw_best, fetch, fetch_noverify;  // MB/s per round
+  std::int64_t growth = 0;     // page cache growth, bytes
+};
+
+// Phase 1: the sweep picks the raw baseline's configuration (two rounds, medians).
+void sweep_raw(const std::string& path, const ImageInfo& info, const std::vector<Config>& configs, const Buffers& b,
+               Measured* m) {
+  const std::uint64_t begin = info.data_offset, end = info.data_offset + info.data_size;
+  std::vector<std::vector<double>> raw(configs.size());
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      raw[i].push_back(raw_pass(path, begin, end, configs[i].first, configs[i].second, b.region, 2 * b.largest));
+    }
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    double mb = median(raw[i]);
+    if (mb > median(raw[m->best])) m->best = i;
+    m->sweep.push_back({{"queue_depth", configs[i].first}, {"request_bytes", configs[i].second}, {"mb_s", mb}});
+  }
+}
+
+// Phase 2: the best raw configuration and the fetch, interleaved pass by pass, so that both
+// see the same disk (its speed drifts by tens of percent here) and the ratio is not biased
+// by picking the best of many noisy sweep medians.
+void interleave(const std::string& path, const ImageInfo& info, const Config& best, BlockReader& reader,
+                const std::vector<Block>& blocks, Buffers& b, int runs, Measured* m) {
+  const std::uint64_t begin = info.data_offset, end = info.data_offset + info.data_size;
+  for (int r = 0; r < runs; ++r) {
+    m->raw_best.push_back(raw_pass(path, begin, end, best.first, best.second, b.region, 2 * b.largest));
+    m->fetch.push_back(fetch_pass(reader, blocks, b.bufs, true, info.data_size));
+    m->fetch_noverify.push_back(fetch_pass(reader, blocks, b.bufs, false, info.data_size));
+  }
+}
+
+void report(const std::string& path, const Common& c, const ImageInfo& info, const Config& best,
+            const ReaderOptions& ro, const char* backend, size_t blocks, int runs, const Measured& m) {
+  const double raw_mb_s = median(m.raw_best);
+  const double fetch_mb_s = median(m.fetch);
+  json j = {{"image", path},
+            {"data_bytes", info.data_size},
+            {"raw_mb_s", raw_mb_s},
+            {"raw_best", {{"queue_depth", best.first}, {"request_bytes", best.second}}},
+            {"fetch_mb_s", fetch_mb_s},
+            {"fetch_noverify_mb_s", median(m.fetch_noverify)},
+            {"ratio", fetch_mb_s / raw_mb_s},
+            {"ratio_noverify", median(m.fetch_noverify) / raw_mb_s},
+            {"page_cache_growth_bytes", m.growth},
+            {"backend", backend},
+            {"reader", {{"queue_depth", ro.queue_depth}, {"request_bytes", ro.request_bytes}}},
+            {"blocks", blocks},
+            {"runs", runs},
+            {"raw_runs_mb_s", m.raw_best},
+            {"fetch_runs_mb_s", m.fetch},
+            {"fetch_noverify_runs_mb_s", m.fetch_noverify},
+            {"sweep", m.sweep}};
+  if (c.json) {
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  std::printf("%s: %s of parameter data, %zu blocks, %d rounds (medians)\n", path.c_str(),
+              format_bytes(info.data_size).c_str(), blocks, runs);
+  std::printf("raw O_DIRECT sweep (MB/s):\n");
+  for (const auto& s : m.sweep) {
+    std::printf("  qd %2u x %7zu B: %8.0f\n", s["queue_depth"].get<unsigned>(), s["request_bytes"].get<std::size_t>(),
+                s["mb_s"].get<double>());
+  }
+  std::printf("raw (best of sweep: qd %u x %zu B, re-measured interleaved with the fetch) %.0f MB/s\n", best.first,
+              best.second, raw_mb_s);
+  std::printf("swapcore fetch (%s, qd %u x %zu B) %.0f MB/s with checksums, %.0f without\n", backend, ro.queue_depth,
+              ro.request_bytes, fetch_mb_s, median(m.fetch_noverify));
+  std::printf("ratio %.3f; page cache growth %lld bytes\n", fetch_mb_s / raw_mb_s, static_cast<long long>(m.growth));
+}
+
 }  // namespace
 
 double raw_read_mb_s(const std::string& path, std::uint64_t begin, std::uint64_t end, double min_seconds) {
@@ -166,100 +285,26 @@ int bench_io(const std::string& path, const Common& c, const BenchIoOptions& o) 
   ImageInfo info;
   read_image_info(path, &info).throw_if_error();
   if (info.data_size == 0) throw Error(path + ": no parameter data to read");
-  const std::uint64_t begin = info.data_offset, end = info.data_offset + info.data_size;
-
-  const std::vector<unsigned> depths = {4, 8, 16, 32};
-  const std::vector<std::size_t> sizes = {256u << 10, 1u << 20, 4u << 20};
-  std::vector<std::pair<unsigned, std::size_t>> configs;
-  for (unsigned d : depths) {
-    for (std::size_t s : sizes) configs.emplace_back(d, s);
-  }
+  const std::vector<Config> configs = sweep_configs();
   ReaderOptions ro;  // swapcore's defaults unless overridden
   if (o.queue_depth) ro.queue_depth = o.queue_depth;
   if (o.request_bytes) ro.request_bytes = o.request_bytes;
   std::unique_ptr<BlockReader> reader;
   BlockReader::open(path, ro, &reader).throw_if_error();
-  std::vector<Block> blocks = make_blocks(info, o.blocks);
-  std::uint64_t largest = 0;
-  for (const auto& b : blocks) largest = std::max(largest, b.size);
-  // One region for both block buffers; the raw baseline writes the same region.
-  char* region = static_cast<char*>(alloc_aligned(2 * largest));
-  if (region == nullptr) throw Error(path + ": cannot allocate two blocks of " + format_bytes(largest));
-  std::memset(region, 0, 2 * largest);  // fault the pages in before timing
-  void* bufs[2] = {region, region + largest};
-  reader->register_buffers({{bufs[0], largest}, {bufs[1], largest}});
+  const std::vector<Block> blocks = make_blocks(info, o.blocks);
+  Buffers b = block_buffers(path, *reader, blocks);
 
-  // Start from a cold page cache for this file (advisory).
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
+  drop_cached(path);
   std::uint64_t cached_before = 0, cached_after = 0;
   page_cache_bytes(path, &cached_before).throw_if_error();
-
-  // Phase 1: the sweep picks the raw baseline's configuration (two rounds, medians).
-  std::vector<std::vector<double>> raw(configs.size());
-  for (int r = 0; r < 2; ++r) {
-    for (size_t i = 0; i < configs.size(); ++i) {
-      raw[i].push_back(raw_pass(path, begin, end, configs[i].first, configs[i].second, region, 2 * largest));
-    }
-  }
-  size_t best = 0;
-  json sweep = json::array();
-  for (size_t i = 0; i < configs.size(); ++i) {
-    double m = median(raw[i]);
-    if (m > median(raw[best])) best = i;
-    sweep.push_back({{"queue_depth", configs[i].first}, {"request_bytes", configs[i].second}, {"mb_s", m}});
-  }
-  // Phase 2: the best raw configuration and the fetch, interleaved pass by pass, so that both
-  // see the same disk (its speed drifts by tens of percent here) and the ratio is not biased
-  // by picking the best of many noisy sweep medians.
-  std::vector<double> raw_best, fetch, fetch_noverify;
-  for (int r = 0; r < std::max(1, o.runs); ++r) {
-    raw_best.push_back(raw_pass(path, begin, end, configs[best].first, configs[best].second, region, 2 * largest));
-    fetch.push_back(fetch_pass(*reader, blocks, bufs, true, info.data_size));
-    fetch_noverify.push_back(fetch_pass(*reader, blocks, bufs, false, info.data_size));
-  }
+  Measured m;
+  sweep_raw(path, info, configs, b, &m);
+  interleave(path, info, configs[m.best], *reader, blocks, b, std::max(1, o.runs), &m);
   page_cache_bytes(path, &cached_after).throw_if_error();
-  free_aligned(region);
+  free_aligned(b.region);
+  m.growth = static_cast<std::int64_t>(cached_after) - static_cast<std::int64_t>(cached_before);
 
-  const double raw_mb_s = median(raw_best);
-  const double fetch_mb_s = median(fetch);
-  const std::int64_t growth = static_cast<std::int64_t>(cached_after) - static_cast<std::int64_t>(cached_before);
-  json j = {{"image", path},
-            {"data_bytes", info.data_size},
-            {"raw_mb_s", raw_mb_s},
-            {"raw_best", {{"queue_depth", configs[best].first}, {"request_bytes", configs[best].second}}},
-            {"fetch_mb_s", fetch_mb_s},
-            {"fetch_noverify_mb_s", median(fetch_noverify)},
-            {"ratio", fetch_mb_s / raw_mb_s},
-            {"ratio_noverify", median(fetch_noverify) / raw_mb_s},
-            {"page_cache_growth_bytes", growth},
-            {"backend", to_string(reader->backend())},
-            {"reader", {{"queue_depth", ro.queue_depth}, {"request_bytes", ro.request_bytes}}},
-            {"blocks", blocks.size()},
-            {"runs", std::max(1, o.runs)},
-            {"raw_runs_mb_s", raw_best},
-            {"fetch_runs_mb_s", fetch},
-            {"fetch_noverify_runs_mb_s", fetch_noverify},
-            {"sweep", sweep}};
-  if (c.json) {
-    std::cout << j.dump() << "\n";
-  } else {
-    std::printf("%s: %s of parameter data, %zu blocks, %d rounds (medians)\n", path.c_str(),
-                format_bytes(info.data_size).c_str(), blocks.size(), std::max(1, o.runs));
-    std::printf("raw O_DIRECT sweep (MB/s):\n");
-    for (const auto& s : sweep) {
-      std::printf("  qd %2u x %7zu B: %8.0f\n", s["queue_depth"].get<unsigned>(), s["request_bytes"].get<std::size_t>(),
-                  s["mb_s"].get<double>());
-    }
-    std::printf("raw (best of sweep: qd %u x %zu B, re-measured interleaved with the fetch) %.0f MB/s\n",
-                configs[best].first, configs[best].second, raw_mb_s);
-    std::printf("swapcore fetch (%s, qd %u x %zu B) %.0f MB/s with checksums, %.0f without\n",
-                to_string(reader->backend()), ro.queue_depth, ro.request_bytes, fetch_mb_s, median(fetch_noverify));
-    std::printf("ratio %.3f; page cache growth %lld bytes\n", fetch_mb_s / raw_mb_s, static_cast<long long>(growth));
-  }
+  report(path, c, info, configs[m.best], ro, to_string(reader->backend()), blocks.size(), std::max(1, o.runs), m);
   return 0;
 }
 
