@@ -236,57 +236,58 @@ int inspect(const std::string& path, const Common& c, int iters) {
   return print_table(path, rows, j, c, head);
 }
 
-int verify(const std::string& path, const Common& c, int runs, const std::string& image) {
-  apply_common(c);
-  torch::jit::Module module;
-  auto t0 = Clock::now();
-  Skeleton sk = Skeleton::load(path, &module, skeleton_options(c));
-  double build_ms = ms_since(t0);
-  // With an image: the skeleton comes from the image and its weights from the image's bytes
-  // (read once, whole, with the block reader), so the whole pack -> fetch -> bind path is checked.
-  void* data = nullptr;
-  if (!image.empty()) {
-    ImageInfo info;
-    read_image_info(image, &info).throw_if_error();
-    sk = Skeleton::from_image(info, image);
-    std::unique_ptr<BlockReader> reader;
-    BlockReader::open(image, ReaderOptions{}, &reader).throw_if_error();
-    data = alloc_aligned(info.data_size);
-    if (data == nullptr) throw Error(image + ": cannot allocate " + format_bytes(info.data_size));
-    std::vector<BlockReader::Check> checks;
-    for (size_t k = 0; k < info.layers.size(); ++k) {
-      checks.push_back({info.layers[k].offset, info.layers[k].size, info.layers[k].checksum,
-                        "layer " + std::to_string(k) + " (" + info.layers[k].name + ")"});
-    }
-    Status s = reader->read(info.data_offset, info.data_size, data, std::move(checks));
-    if (!s.ok()) {
-      free_aligned(data);
-      throw Error(s.message());
-    }
-    if (!info.layers.empty()) sk.bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+namespace {
+
+// verify --image: the skeleton from `image`, its weights bound to the image's bytes, read once,
+// whole, checksums verified. Returns those bytes (the caller frees them with free_aligned).
+void* bind_image(const std::string& image, Skeleton* sk) {
+  ImageInfo info;
+  read_image_info(image, &info).throw_if_error();
+  *sk = Skeleton::from_image(info, image);
+  std::unique_ptr<BlockReader> reader;
+  BlockReader::open(image, ReaderOptions{}, &reader).throw_if_error();
+  void* data = alloc_aligned(info.data_size);
+  if (data == nullptr) throw Error(image + ": cannot allocate " + format_bytes(info.data_size));
+  std::vector<BlockReader::Check> checks;
+  for (size_t k = 0; k < info.layers.size(); ++k) {
+    checks.push_back({info.layers[k].offset, info.layers[k].size, info.layers[k].checksum,
+                      "layer " + std::to_string(k) + " (" + info.layers[k].name + ")"});
   }
-  struct FreeData {
-    void* p;
-    ~FreeData() { free_aligned(p); }
-  } free_data{data};
-  auto inputs = make_inputs(c);
+  Status s = reader->read(info.data_offset, info.data_size, data, std::move(checks));
+  if (!s.ok()) {
+    free_aligned(data);
+    throw Error(s.message());
+  }
+  if (!info.layers.empty()) sk->bind_layers(0, static_cast<int>(info.layers.size()) - 1, data, info.data_offset);
+  return data;
+}
+
+// `runs` layered forwards of `sk`; their times go to `ms`.
+std::vector<c10::IValue> layered_runs(Skeleton& sk, const std::vector<c10::IValue>& inputs, const Common& c, int runs,
+                                      std::vector<double>* ms) {
   std::vector<c10::IValue> layered;
-  std::vector<double> layered_ms, forward_ms;
   for (int r = 0; r < runs; ++r) {
-    t0 = Clock::now();
+    const auto t0 = Clock::now();
     try {
       layered.push_back(sk.forward(clone_inputs(inputs)));
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (input shape " + join_shapes(c.input_shapes) + ")");
     }
-    layered_ms.push_back(ms_since(t0));
+    ms->push_back(ms_since(t0));
   }
-  // Every layered output against every reference run (cold and optimised by the executor).
+  return layered;
+}
+
+// Every layered output against every reference run (cold and optimised by the executor): the
+// worst comparison. The reference runs' times go to `ms`.
+Comparison compare_with_forward(torch::jit::Module& module, const std::string& path, const Common& c,
+                                const std::vector<c10::IValue>& inputs, const std::vector<c10::IValue>& layered,
+                                int runs, std::vector<double>* ms) {
   Comparison worst;
   worst.equal = true;
   for (int r = 0; r < runs; ++r) {
     c10::IValue ref;
-    t0 = Clock::now();
+    const auto t0 = Clock::now();
     try {
       c10::InferenceMode guard;
       ref = module.forward(clone_inputs(inputs));
@@ -294,7 +295,7 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
       throw Error(path + ": forward failed on input shape " + join_shapes(c.input_shapes) + ": " +
                   e.what_without_backtrace());
     }
-    forward_ms.push_back(ms_since(t0));
+    ms->push_back(ms_since(t0));
     for (const auto& out : layered) {
       Comparison cmp = compare_outputs(ref, out);
       if (!cmp.equal && worst.equal) worst.difference = cmp.difference;
@@ -302,13 +303,19 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
       worst.max_abs_diff = std::max(worst.max_abs_diff, cmp.max_abs_diff);
     }
   }
+  return worst;
+}
+
+void report_verify(const std::string& path, const std::string& image, const Common& c, int runs, size_t layers,
+                   const Comparison& worst, double build_ms, const std::vector<double>& forward_ms,
+                   const std::vector<double>& layered_ms) {
   if (c.json) {
     json j;
     j["model"] = path;
     if (!image.empty()) j["image"] = image;
     j["equal"] = worst.equal;
     j["max_abs_diff"] = std::isinf(worst.max_abs_diff) ? json(nullptr) : json(worst.max_abs_diff);
-    j["layers"] = sk.layers().size();
+    j["layers"] = layers;
     j["runs"] = runs;
     if (!worst.equal) j["difference"] = worst.difference;
     j["build_ms"] = build_ms;
@@ -319,11 +326,34 @@ int verify(const std::string& path, const Common& c, int runs, const std::string
   } else {
     std::printf("%s%s: %s over %zu layers (%d runs each), max_abs_diff %g%s%s\n", path.c_str(),
                 image.empty() ? "" : (" via " + image).c_str(),
-                worst.equal ? "bit-identical to forward" : "DIFFERS from forward", sk.layers().size(), runs,
+                worst.equal ? "bit-identical to forward" : "DIFFERS from forward", layers, runs,
                 worst.max_abs_diff, worst.equal ? "" : "; first difference: ", worst.difference.c_str());
     std::printf("forward %.1f ms, layered %.1f ms (medians), skeleton built in %.1f ms\n", median(forward_ms),
                 median(layered_ms), build_ms);
   }
+}
+
+}  // namespace
+
+int verify(const std::string& path, const Common& c, int runs, const std::string& image) {
+  apply_common(c);
+  torch::jit::Module module;
+  auto t0 = Clock::now();
+  Skeleton sk = Skeleton::load(path, &module, skeleton_options(c));
+  double build_ms = ms_since(t0);
+  // With an image: the skeleton comes from the image and its weights from the image's bytes
+  // (read once, whole, with the block reader), so the whole pack -> fetch -> bind path is checked.
+  void* data = nullptr;
+  if (!image.empty()) data = bind_image(image, &sk);
+  struct FreeData {
+    void* p;
+    ~FreeData() { free_aligned(p); }
+  } free_data{data};
+  auto inputs = make_inputs(c);
+  std::vector<double> layered_ms, forward_ms;
+  const std::vector<c10::IValue> layered = layered_runs(sk, inputs, c, runs, &layered_ms);
+  const Comparison worst = compare_with_forward(module, path, c, inputs, layered, runs, &forward_ms);
+  report_verify(path, image, c, runs, sk.layers().size(), worst, build_ms, forward_ms, layered_ms);
   return worst.equal ? 0 : 1;
 }
 
