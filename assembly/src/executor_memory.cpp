@@ -74,46 +74,11 @@ bool Executor::shed(std::uint64_t budget) {
     m.w.registered = !m.reader->register_buffers({});
     if (m.w.registered) log(LogLevel::kError, m.path + ": internal: reads in flight after cancelling them; the ring stays pinned");
   }
-  std::uint64_t kept = 0;
-  // The ring: only the running layer's bytes, when it runs from a swapped block.
-  if (m.w.ring) {
-    std::vector<std::pair<const char*, std::uint64_t>> keep;
-    const Fetch* cf = m.cursor->executing();
-    if (block >= 0 && !m.w.plan.resident[block] && cf != nullptr && cf->block == block) {
-      for (const auto& [a, b] : keep_layers) {
-        if (a < cf->first) continue;
-        keep.emplace_back(cf->at + (m.offset(a) - m.offset(cf->first)), m.span(a, b));
-        kept += m.span(a, b);
-      }
-    }
-    // The zone is the activation reserve (Note [Lending the activation reserve]): activations of
-    // the running layer live there; blocks lent its bytes are within it.
-    if (m.w.ring->lend() > 0) keep.emplace_back(m.w.ring->zone_begin(), m.w.ring->lend());
-    m.w.ring->discard_except(keep);
-    m.w.retained_valid = false;  // the kept bytes went too, but for the running layer's
-  }
-  // Resident blocks: dropped (but the running layer's bytes, when it runs from one).
-  if (m.w.kept) {
-    for (size_t b = 0; b < m.w.plan.blocks.size(); ++b) {
-      if (!m.w.plan.resident[b] || m.w.plan.block_bytes[b] == 0) continue;
-      const std::uint64_t base = m.w.kept_at[b];
-      std::uint64_t at = base;
-      if (static_cast<int>(b) == block) {
-        std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-        for (const auto& [a, e] : keep_layers) {
-          ranges.emplace_back(base + (m.offset(a) - m.offset(m.w.plan.blocks[b].first)), m.span(a, e));
-        }
-        std::sort(ranges.begin(), ranges.end());
-        for (const auto& [off, len] : ranges) {
-          if (off > at) m.w.kept->discard(at, off - at);
-          at = std::max(at, off + len);
-          kept += len;
-        }
-      }
-      m.w.kept->discard(at, base + m.w.plan.block_bytes[b] - at);
-      m.w.kept_state[b] = Weights::Kept::kNone;
-    }
-  }
+  // The ring's bytes and the resident blocks, but for the running layer's (when it runs from a
+  // swapped block: where the cursor read it).
+  const Fetch* cf = m.cursor->executing();
+  const bool from_ring = block >= 0 && !m.w.plan.resident[block] && cf != nullptr && cf->block == block;
+  const std::uint64_t kept = m.w.shed(m.info, block, keep_layers, from_ring ? cf->at : nullptr, from_ring ? cf->first : 0);
   m.shed_pending = true;
   m.shed_held = kept + m.w.pinned_need;
   log(LogLevel::kDebug, m.path + ": shed down to " + format_bytes(m.shed_held) + " (layer " + std::to_string(k) +
@@ -221,10 +186,7 @@ void release_all(Executor::Impl& m) {
     return;
   }
   m.drop_ring();
-  m.w.kept.reset();
-  m.w.kept_bytes = 0;
-  m.w.kept_state.assign(m.w.kept_state.size(), Weights::Kept::kNone);
-  m.drop_pinned();
+  m.w.free_resident();
   m.released = true;
   m.shed_pending = false;
   log(LogLevel::kInfo, m.path + ": released every byte held for weights");

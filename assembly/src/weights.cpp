@@ -97,6 +97,58 @@ void Weights::rebind_pinned(Skeleton& sk) const {
   for (size_t i = 0; i < pinned.size(); ++i) sk.bind_slot(pinned[i], pinned_views[i]);
 }
 
+std::uint64_t Weights::shed(const ImageInfo& info, int block, const std::vector<std::pair<int, int>>& keep_layers,
+                            const char* at_ring, int at_first) {
+  auto offset = [&](int layer) { return info.layers[layer].offset; };
+  std::uint64_t held = 0;  // bytes kept
+  // The ring: only the running layer's bytes, when it runs from a swapped block.
+  if (ring) {
+    std::vector<std::pair<const char*, std::uint64_t>> keep;
+    if (at_ring != nullptr) {
+      for (const auto& [a, b] : keep_layers) {
+        if (a < at_first) continue;
+        keep.emplace_back(at_ring + (offset(a) - offset(at_first)), layers_span(info, a, b));
+        held += layers_span(info, a, b);
+      }
+    }
+    // The zone is the activation reserve (Note [Lending the activation reserve]): activations of
+    // the running layer live there; blocks lent its bytes are within it.
+    if (ring->lend() > 0) keep.emplace_back(ring->zone_begin(), ring->lend());
+    ring->discard_except(keep);
+    retained_valid = false;  // the kept bytes went too, but for the running layer's
+  }
+  // Resident blocks: dropped (but the running layer's bytes, when it runs from one).
+  if (kept) {
+    for (size_t b = 0; b < plan.blocks.size(); ++b) {
+      if (!plan.resident[b] || plan.block_bytes[b] == 0) continue;
+      const std::uint64_t base = kept_at[b];
+      std::uint64_t at = base;
+      if (static_cast<int>(b) == block) {
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+        for (const auto& [a, e] : keep_layers) {
+          ranges.emplace_back(base + (offset(a) - offset(plan.blocks[b].first)), layers_span(info, a, e));
+        }
+        std::sort(ranges.begin(), ranges.end());
+        for (const auto& [off, len] : ranges) {
+          if (off > at) kept->discard(at, off - at);
+          at = std::max(at, off + len);
+          held += len;
+        }
+      }
+      kept->discard(at, base + plan.block_bytes[b] - at);
+      kept_state[b] = Kept::kNone;
+    }
+  }
+  return held;
+}
+
+void Weights::free_resident() {
+  kept.reset();
+  kept_bytes = 0;
+  kept_state.assign(kept_state.size(), Kept::kNone);
+  drop_pinned();
+}
+
 void Weights::drop_pinned() {
   pinned.clear();
   pinned_views.clear();

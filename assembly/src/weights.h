@@ -47,7 +47,17 @@ struct Weights {
   void read_pinned(const ImageInfo& info, Skeleton& sk, BlockReader& reader, const DeviceBackend& backend,
                    MemoryKind memory, const std::string& path);
   void rebind_pinned(Skeleton& sk) const;
+  // Note [Shedding] (executor_memory.cpp): gives back every byte of the ring and the resident
+  // blocks but the byte ranges of layers `keep` ([first, last] each) of block `block`, and the
+  // ring's activation zone. `at`: where the ring holds that block from layer `at_first` on
+  // (nullptr: not in the ring). The ring must be unregistered from the reader. Returns the bytes
+  // kept; resident blocks are to be read again.
+  std::uint64_t shed(const ImageInfo& info, int block, const std::vector<std::pair<int, int>>& keep, const char* at,
+                     int at_first);
   void drop_pinned();  // frees the pinned slots' buffer (their views are dropped first)
+  // Frees the resident blocks and the pinned slots (Executor::release; the ring goes with its
+  // zone, ZoneLender::drop, first).
+  void free_resident();
 };
 
 }  // namespace swapnet
