@@ -70,7 +70,7 @@ void Executor::begin(std::vector<c10::IValue> inputs) {
   // interrupt asks for; re-planning here would read back at the old budget first.
   if (m.released) throw Error(m.path + ": released (no memory held): set_budget() first");
   if (m.run) throw Error(m.path + ": an inference is already in progress (finish() or abort() it first)");
-  m.reader->check_file().throw_if_error();  // Note [The image changing on disk] (reader.cpp)
+  m.reader->check_file().throw_if_error();  // Note [The image changing on disk] (block_reader.cpp)
   {
     std::vector<ImageInput> in = describe_inputs(inputs);
     if (!m.meter.covers(in)) start_measuring(m, std::move(in), inputs);

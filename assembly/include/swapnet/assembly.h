@@ -109,7 +109,7 @@ struct SkeletonOptions {
   // differ in parts of split_part only.
   std::vector<std::string> coarse_parts;
   // load_for_pack() checks the parts on the GPU as well, where one is usable (Note [Splitting on
-  // the GPU] in skeleton.cpp): `swapnet pack` does. Off by default, because it makes a CUDA
+  // the GPU] in skeleton_parts_check.cpp): `swapnet pack` does. Off by default, because it makes a CUDA
   // context and a GPU copy of the model in the packing process (the Python package packs inside
   // users' programs); a GPU that fails the check is said and the CPU's check stands.
   bool check_parts_on_gpu = false;

@@ -335,7 +335,7 @@ class SWAPNET_API BlockReader {
   // Only while no read is in flight: returns false, changing nothing, otherwise.
   bool register_buffers(const std::vector<std::pair<void*, std::size_t>>& buffers);
 
-  // Whether the file is still the one opened (Note [The image changing on disk] in reader.cpp):
+  // Whether the file is still the one opened (Note [The image changing on disk] in block_reader.cpp):
   // an error (ESTALE) naming the path and what changed when it was written or truncated since;
   // OK (said once in the log) when it was only replaced or deleted at its path, whose bytes the
   // open descriptor still reads. Cheap (fstat + stat): the executor calls it every inference.
