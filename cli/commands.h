@@ -152,6 +152,7 @@ struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
   std::string scheduler;      // --scheduler threads|fifo|rr|sel|lst|heft: overrides the scenario's
+  int workers = 0;            // --workers: overrides the scenario's (0: the scenario's, else one per core)
   std::string budget;         // --budget: overrides the scenario's total (size or N%)
   std::string socket;         // --socket PATH for `swapnet ctl` (default default_control_path(); "none")
   std::string budget_source;  // --budget-source file:PATH | meminfo:RESERVE | cgroup:PATH

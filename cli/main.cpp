@@ -234,7 +234,10 @@ CLI::App* add_serve(CLI::App& app, Args& a) {
   serve->add_option("--policy", a.so.policy, "budget split: paper (Eq. 1) | equal | minmax (overrides the scenario's)");
   serve->add_option("--scheduler", a.so.scheduler,
                     "which block runs next: threads (a thread per model) | fifo | rr | sel | lst | heft, or one of those + \"+io\" "
-                    "(disk-aware: blocks in memory first) (overrides the scenario's)");
+                    "(disk-aware: blocks in memory first) (overrides the scenario's; default: lst where the scenario has "
+                    "deadlines, else threads)");
+  serve->add_option("--workers", a.so.workers, "a central scheduler's workers: blocks run at once (overrides the "
+                    "scenario's; default one per core)")->check(CLI::Range(1, 1024));
   serve->add_option("--budget", a.so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
   serve->add_option("--socket", a.so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
   serve->add_option("--budget-source", a.so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");

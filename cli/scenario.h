@@ -38,8 +38,8 @@ struct Scenario {
   std::string name;
   std::string total;   // size or percentage
   std::string policy = "paper";
-  std::string scheduler = "threads";
-  int workers = 1;
+  std::string scheduler;  // empty: chosen (choose_defaults in cmd_serve.cpp)
+  int workers = 0;        // 0: one per core
   double duration_s = 10;
   std::vector<ScenarioModel> models;
   std::vector<std::pair<double, std::string>> schedule;  // (at_s, budget)

@@ -4,6 +4,8 @@
 // pausing models that cannot fit, the control socket and the budget sources.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
@@ -244,6 +246,14 @@ TEST(Dispatch, LeastSlackFirstAndEarlyDrop) {
   d = p->pick({job(0, 0, 101, 30), job(1, 0, 90, 1)}, 100);
   EXPECT_EQ(d.pick, -1);
   EXPECT_EQ(d.drop, (std::vector<int>{0, 1}));
+}
+
+TEST(Dispatch, UsableCoresAreTheAffinityMasks) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  EXPECT_EQ(usable_cores(), CPU_COUNT(&set));
+  EXPECT_GE(usable_cores(), 1);
 }
 
 TEST(Dispatch, HeftRunsTheLatestFinishFirstAndReservesTheNextBlock) {

@@ -143,6 +143,23 @@ def main() -> int:
         expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), f"{sched}: slo run outputs and budgets")
         expect(j["dispatch_us"] > 0, "dispatch time measured")
 
+    # Note [Serve's defaults]: periods and deadlines only: lst, one worker per core, the cores over
+    # the workers as intra-op threads, said on stderr; --workers overrides.
+    cores = len(os.sched_getaffinity(0))
+    path = scenario("slo_defaults", duration_s=2,
+                    models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "slo_ms": 80},
+                            {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 50, "slo_ms": 80}])
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check")
+    expect(rc == 0, f"serve slo_defaults exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        expect(j["scheduler"] == "lst" and j["workers"] == cores and all(m["threads"] == 1 for m in j["models"]),
+               f"defaults: scheduler {j['scheduler']}, workers {j['workers']} (cores {cores}), "
+               f"threads {[m['threads'] for m in j['models']]}")
+        expect("serve chose scheduler lst" in err and f"{cores} worker" in err, f"defaults said: {err!r}")
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check", "--workers", "1", "--duration", "1")
+    expect(rc == 0 and json.loads(out)["workers"] == 1 and f"{cores} worker" not in err, f"--workers 1: rc {rc}: {err!r}")
+
     # A periodic group (Puzzle): both models get every frame; makespan, QoE and score per group,
     # under Band's HEFT. The deadline generous, then impossible (--slo-scale), then half the load.
     path = scenario("group", scheduler="heft", workers=1, duration_s=4,

@@ -46,6 +46,8 @@
 // decision (a job with no request waiting reads last), so the disk serves the most urgent job's
 // blocks first instead of every model's read-ahead in the order it came (Note [One disk, read
 // by urgency] in shared_disk.cpp).
+#include <sched.h>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -219,6 +221,13 @@ std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, in
   if (name == "lst") return std::make_unique<LeastSlack>();
   if (name == "heft") return std::make_unique<Heft>(workers);
   throw Error("scheduler '" + name + "' is not one of threads, fifo, rr, sel, lst, heft (or one of those + \"+io\")");
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 
 }  // namespace swapnet

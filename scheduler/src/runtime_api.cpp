@@ -46,9 +46,10 @@ using Impl = Runtime::Impl;
 void choose_policies(Impl& m, const RuntimeOptions& options) {
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
   if (options.scheduler != "threads") {
-    m.dispatch = make_dispatch_policy(options.scheduler, options.workers);
-    if (options.workers < 1) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1");
-    m.free_workers = options.workers;
+    if (options.workers < 0) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1 (0: one per core)");
+    const int workers = options.workers == 0 ? usable_cores() : options.workers;
+    m.dispatch = make_dispatch_policy(options.scheduler, workers);
+    m.free_workers = workers;
     m.disk_aware = m.dispatch->reads_unread();
   }
 }

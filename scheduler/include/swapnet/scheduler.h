@@ -123,6 +123,10 @@ class SWAPNET_API DispatchPolicy {
 // in memory runs first if it is expected to end before those bytes land.
 SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers = 1);
 
+// The CPUs this process may run on (its affinity mask; at least 1): a central scheduler's
+// workers by default, one per core.
+SWAPNET_API int usable_cores();
+
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
 struct Ewma {
   double alpha = 0.1;
@@ -151,7 +155,10 @@ struct RuntimeOptions {
   // "threads": every model's thread runs its blocks whenever it likes (the baseline); else a
   // make_dispatch_policy() name: at most `workers` blocks run at once, the policy picks which.
   std::string scheduler = "threads";
-  int workers = 1;
+  // At most this many blocks run at once under a central scheduler. 0: one per core this
+  // process may run on (usable_cores()); give each model's intra-op threads to match
+  // (RuntimeModel::threads: cores / workers).
+  int workers = 0;
 };
 
 struct ModelStatus {
