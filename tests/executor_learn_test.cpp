@@ -32,14 +32,7 @@
 namespace swapnet {
 namespace {
 
-using test_util::error_of;
-using test_util::model;
-using test_util::pack;
-using test_util::Packed;
-using test_util::reference;
-using test_util::packed;
-using executor_test::change_budgets_mid_inference;
-using executor_test::forward_within;
+using namespace executor_test;  // the helpers and test_util's names (executor_test.h)
 
 // Note [Learning the costs in service]: an image whose last layer says it takes 10 s and a cost
 // model that says the disk reads 10 GB/s, on a disk that reads 100 MB/s (emulated): after

@@ -13,9 +13,18 @@
 #include <string>
 
 #include "swapnet/assembly.h"
+#include "packed.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace executor_test {
+
+using test_util::error_of;
+using test_util::model;
+using test_util::pack;
+using test_util::Packed;
+using test_util::packed;
+using test_util::reference;
 
 // One inference: bit-identical to `expected`, the weights' peak plus the activations' (blocks
 // lent their bytes counted with them) within `budget`. Its output; none (a failure recorded)
