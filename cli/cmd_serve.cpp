@@ -125,17 +125,17 @@ std::string choose_defaults(Scenario& s) {
     s.workers = cores;
     if (central) say(std::to_string(cores) + " worker" + (cores == 1 ? "" : "s") + " (one per core)");
   }
+  const int over = central ? s.workers : static_cast<int>(s.models.size());  // who shares the cores
+  const int per_model = std::max(1, cores / std::max(1, over));
   bool threads_chosen = false;
   for (auto& m : s.models) {
     if (m.rt.threads != 0) continue;
-    const int over = central ? s.workers : static_cast<int>(s.models.size());
-    m.rt.threads = std::max(1, cores / std::max(1, over));
+    m.rt.threads = per_model;
     threads_chosen = true;
   }
   if (threads_chosen) {
-    const int over = central ? s.workers : static_cast<int>(s.models.size());
-    say(std::to_string(std::max(1, cores / std::max(1, over))) + " intra-op thread(s) per model (" +
-        std::to_string(cores) + " cores over " + std::to_string(over) + (central ? " workers)" : " models)"));
+    say(std::to_string(per_model) + " intra-op thread(s) per model (" + std::to_string(cores) + " cores over " +
+        std::to_string(over) + (central ? " workers)" : " models)"));
   }
   return said;
 }

@@ -147,7 +147,6 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   // Note [Dynamic shapes]: the reserve holds the largest input measured.
   m.meter.set_profiles(image_input_profiles(m.info));
   m.planner.emplace(m.info, m.sk, m.opt, m.meter.largest(m.info.activation_bytes), image);
-  m.fixed_plan = !options.partition.empty() || options.blocks > 0;
   m.learner.emplace(CostLearner::Config{options.learn_after, options.learn_window_ms, options.learn_threshold,
                                        options.measured_exec},
                     m.info.layers.size());

@@ -96,7 +96,6 @@ struct Executor::Impl {
   bool lend_off = false;  // planning the measuring inference (Note [Dynamic shapes])
   // Note [Learning the costs in service] (cost_learner.cpp): what each inference cost.
   std::optional<CostLearner> learner;
-  bool fixed_plan = false;  // ExecutorOptions::partition / blocks at open: not learned
   std::atomic<bool> yield{false};
 
   // Where layers run (Note [Device backends]): the host until open() says otherwise.

@@ -38,7 +38,9 @@ constexpr double kReplanGain = 0.02;
 namespace {
 
 bool learns(const Executor::Impl& m) {
-  return m.opt.learn_after > 0 && m.caps().learns && !m.fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
+  // A partition or block count given at open (Impl::opt keeps them) is the user's: not learned.
+  const bool fixed_plan = !m.opt.partition.empty() || m.opt.blocks > 0;
+  return m.opt.learn_after > 0 && m.caps().learns && !fixed_plan && m.opt.planner == ExecutorOptions::Planner::kOptimal;
 }
 
 }  // namespace
