@@ -248,6 +248,26 @@ TEST(Dispatch, LeastSlackFirstAndEarlyDrop) {
   EXPECT_EQ(d.drop, (std::vector<int>{0, 1}));
 }
 
+// Note [A floor against starvation]: a model below 20 % of its deadlines met goes first while
+// it can still meet its deadline; one that cannot is dropped all the same.
+TEST(Dispatch, LeastSlackServesAStarvedModelFirst) {
+  auto p = make_dispatch_policy("lst");
+  DispatchCandidate starved = job(1, 0, 300, 50);
+  starved.met_share = 0.1;
+  // Job 0 has less slack (150-100-30 = 20 against 150), but job 1 is starved.
+  DispatchDecision d = p->pick({job(0, 0, 150, 30), starved}, 100);
+  EXPECT_EQ(d.pick, 1);
+  // At the floor it is not starved: least slack again.
+  starved.met_share = 0.2;
+  EXPECT_EQ(p->pick({job(0, 0, 150, 30), starved}, 100).pick, 0);
+  // Starved but past saving: dropped, and the other runs.
+  starved.met_share = 0.0;
+  starved.deadline_ms = 120;
+  d = p->pick({job(0, 0, 150, 30), starved}, 100);
+  EXPECT_EQ(d.pick, 0);
+  EXPECT_EQ(d.drop, std::vector<int>{1});
+}
+
 TEST(Dispatch, UsableCoresAreTheAffinityMasks) {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -136,13 +136,19 @@ std::uint64_t resident_bytes_of(const void* p, std::uint64_t bytes) {
 }
 }  // namespace
 
+std::uint64_t Executor::held_bytes() const {
+  const Impl& m = *impl_;
+  std::lock_guard<std::recursive_mutex> lk(m.mu);
+  if (m.released) return 0;
+  return m.shed_pending ? m.shed_held : (m.w.ring ? m.w.ring->kept() + m.w.ring->capacity() : 0) + m.w.kept_bytes + m.w.pinned_need;
+}
 WeightMemory Executor::weight_memory() const {
   const Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
   WeightMemory w;
   w.peak = m.w.peak;
   if (m.released) return w;
-  w.held = m.shed_pending ? m.shed_held : (m.w.ring ? m.w.ring->kept() + m.w.ring->capacity() : 0) + m.w.kept_bytes + m.w.pinned_need;
+  w.held = held_bytes();
   if (m.caps().host_pages) {
     if (m.w.ring) w.resident_pages += resident_bytes_of(m.w.ring->kept_begin(), m.w.ring->kept() + m.w.ring->capacity());
     if (m.w.kept) w.resident_pages += resident_bytes_of(m.w.kept->base(), m.w.kept->capacity());

@@ -98,6 +98,7 @@ bool Runtime::Impl::can_move(size_t i) const {
 void Runtime::Impl::note_if_settled() {
   if (adaptations.empty()) return;
   Adaptation& a = adaptations.back();
+  if (in_effect()) ledger.in_effect(Clock::now());
   if (a.took_ms < 0 && in_effect()) {
     a.took_ms = ms_between(notified, Clock::now());
     log(LogLevel::kInfo, "runtime: budget " + format_bytes(a.budget_bytes) + " in effect after " +
@@ -144,7 +145,9 @@ void Runtime::Impl::move(size_t i, std::unique_lock<std::mutex>& lk) {
   x.exec->reset_weight_peak();
   reset_cpu_account_peak(x.account);
   keep_activations(x, failure.empty() && b > 0);
+  const std::uint64_t used = x.exec->held_bytes() + cpu_account(x.account).current;
   lk.lock();
+  ledger.use(i, used, Clock::now());
   x.moving = false;
   x.shed = false;
   // What was applied is `b`: a later set_budget() may have changed target[i] meanwhile, and
@@ -193,7 +196,9 @@ void Runtime::Impl::shed_loop() {
     if (superseded || target[o.model] != o.to || x.st.budget_changes != o.moves) continue;
     lk.unlock();
     const bool shed = x.exec->shed(o.to);
+    const std::uint64_t used = x.exec->held_bytes() + cpu_account(x.account).current;
     lk.lock();
+    if (shed) ledger.use(o.model, used, Clock::now());
     if (!shed || x.st.budget_changes != o.moves || x.moving || target[o.model] != o.to) continue;  // moved meanwhile
     x.shed = true;
     x.shed_target = o.to;
@@ -225,9 +230,7 @@ void Runtime::Impl::learned(size_t i, std::unique_lock<std::mutex>& lk) {
   const double ms_per_byte = x.exec->cost().alpha_ms_per_byte;
   lk.lock();
   x.learned_seen = learned_count(l);
-  x.costs = std::move(costs);
-  x.ms_per_byte = ms_per_byte;
-  x.estimate.clear();  // seeds of the old costs; measured blocks are measured again
+  x.est.set_costs(std::move(costs), ms_per_byte);  // measured blocks are measured again
   record_plan(x);
   ModelDemand& d = demands[i];
   d.curve = std::move(curve);
@@ -246,6 +249,7 @@ void Runtime::Impl::learned(size_t i, std::unique_lock<std::mutex>& lk) {
 // models that must shrink are interrupted and shed.
 void Runtime::Impl::retarget(const Allocation& a, std::uint64_t bytes, Clock::time_point t, double plan_ms, const std::string& note) {
   total = bytes;
+  ledger.announce(bytes, t);
   set_targets(a);
   notified = t;
   Adaptation ad;

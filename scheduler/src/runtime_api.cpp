@@ -49,6 +49,7 @@ void choose_policies(Impl& m, const RuntimeOptions& options) {
     if (options.workers < 0) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1 (0: one per core)");
     const int workers = options.workers == 0 ? usable_cores() : options.workers;
     m.dispatch = make_dispatch_policy(options.scheduler, workers);
+    m.workers = workers;
     m.free_workers = workers;
     m.disk_aware = m.dispatch->reads_unread();
   }
@@ -86,8 +87,7 @@ void add_model(Impl& m, RuntimeModel& spec) {
   }
   auto x = std::make_unique<Worker>();
   x->exec = Executor::open(spec.image, o);
-  x->costs = layer_costs(x->exec->info(), o);
-  x->ms_per_byte = o.cost.alpha_ms_per_byte;
+  x->est.set_costs(layer_costs(x->exec->info(), o), o.cost.alpha_ms_per_byte);
   x->account = new_cpu_account();
   if (x->account == 0) {
     log_once(LogLevel::kWarn, "cpu_accounts", "runtime: all 255 CPU meter accounts are taken: activations of " +
@@ -124,11 +124,13 @@ void check_fits(const Impl& m, std::uint64_t total_budget) {
 // Splits the total for the first time and puts each model's plan for its share in force.
 void first_split(Impl& m, std::uint64_t total_budget) {
   m.total = total_budget;
+  m.ledger = runtime_detail::MemoryLedger(m.w.size(), total_budget, std::chrono::steady_clock::now());
   const Allocation a = m.plan(total_budget);
   m.set_targets(a);
   for (size_t i = 0; i < m.w.size(); ++i) {
     Worker& x = *m.w[i];
     x.exec->set_budget(m.target[i]);
+    m.ledger.use(i, x.exec->held_bytes(), std::chrono::steady_clock::now());
     x.exec->reset_weight_peak();
     x.budget = x.st.budget = m.target[i];
     Impl::keep_activations(x, x.budget > 0);
@@ -225,6 +227,10 @@ std::uint64_t Runtime::total_budget() const {
 std::vector<Adaptation> Runtime::adaptations() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->adaptations;
+}
+MemoryUse Runtime::memory_use() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->ledger.totals(std::chrono::steady_clock::now());
 }
 std::uint64_t Runtime::held_bytes() const {
   std::uint64_t held = 0;

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "estimates.h"
+#include "ledger.h"
 #include "swapnet/scheduler.h"
 
 namespace swapnet {
@@ -68,39 +70,27 @@ struct Worker {
   DispatchCandidate cand;
   double read_priority = 0;  // on a shared disk (disk-aware schedulers)
   std::uint64_t learned_seen = 0;                // learned_count() taken into the split
-  std::vector<LayerCost> costs;                  // the cost model's layer table (seeds)
-  double ms_per_byte = 0;                        // the cost model's read time
-  std::map<std::pair<int, int>, Ewma> estimate;  // per block [first, last]: its time, ms
-  double error_sum = 0;                          // sum of |estimate - measured| / measured
-  std::uint64_t error_n = 0;
-  // Expected time of block [a, b]: its EWMA, seeded with the cost model's (the read when it is
-  // longer than the execution and the block is swapped).
-  Ewma& block_estimate(int a, int b, bool resident) {
-    Ewma& e = estimate[{a, b}];
-    if (e.samples == 0 && e.value == 0) {
-      double exec = 0, bytes = 0;
-      for (int k = a; k <= b && k < static_cast<int>(costs.size()); ++k) {
-        exec += costs[k].exec_ms;
-        bytes += static_cast<double>(costs[k].bytes);
-      }
-      e.value = std::max(resident ? 0.0 : bytes * ms_per_byte, exec);
-      if (e.value <= 0) e.value = 0.01;
-    }
-    return e;
-  }
+  double met_share = 1;  // EWMA of deadlines met (Note [A floor against starvation] in dispatch.cpp)
+  BlockEstimates est;  // its blocks' expected times (Note [Block estimates under contention])
+  // The block holding a worker now: when it was granted, the runtime's busy integral then, and
+  // what the scheduler expected of it.
+  Clock::time_point granted{};
+  double busy_at_grant = 0;
+  double expected_next = 0;
   // Under the runtime's lock, between steps: the expected times of the next block, of the rest
-  // (next block included) and of the block after the next (0: none).
+  // (next block included) and of the block after the next (0: none), each run beside `others`
+  // other blocks.
   struct Expected {
     double next = 0, rest = 0, then = 0;
   };
-  Expected expected() {
+  Expected expected(double others) const {
     const ExecutionPlan& p = exec->plan();
     const int next = exec->in_inference() ? exec->next_layer() : 0;
     Expected e;
     int seen = 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
-      const double ms = block_estimate(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0).value;
+      const double ms = est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others);
       if (seen == 0) e.next = ms;
       if (seen == 1) e.then = ms;
       ++seen;
@@ -141,13 +131,25 @@ struct Runtime::Impl {
   std::vector<std::uint64_t> target;  // per model; 0 = paused
   std::vector<std::string> reason;    // per model: why it is paused
   std::vector<Adaptation> adaptations;
+  runtime_detail::MemoryLedger ledger{0, 0, Clock::now()};  // made again at open with the models
   Clock::time_point t0 = Clock::now();
   Clock::time_point notified;
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".
   std::unique_ptr<DispatchPolicy> dispatch;
   bool disk_aware = false;  // the models' reads take turns on their disk by urgency (dispatch.cpp)
   std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
+  int workers = 0;  // central: blocks that may run at once
   int free_workers = 0;
+  // Central: blocks running now, and their integral over time (block-ms) up to busy_at; a
+  // block's mean company is the integral's growth over its run (Note [Block estimates under
+  // contention] in estimates.cpp).
+  int running = 0;
+  double busy_ms = 0;
+  Clock::time_point busy_at = Clock::now();
+  void tally(Clock::time_point now) {
+    busy_ms += running * runtime_detail::ms_between(busy_at, now);
+    busy_at = now;
+  }
   double dispatch_us_sum = 0;
   std::uint64_t decisions = 0;
 
@@ -168,9 +170,11 @@ struct Runtime::Impl {
   bool run_block(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s);
   void between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s);
   void count_served(size_t i, const Request& r, const Served& s);
+  void note_use(size_t i, const Served& s, std::unique_lock<std::mutex>& lk);
   // Central scheduling: a worker for each block.
   bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, bool* abandoned);
-  void release(size_t i, std::pair<int, int> block, bool resident, double ms, std::unique_lock<std::mutex>& lk);
+  void release(size_t i, std::pair<int, int> block, bool resident, double ms, double wait_ms, bool more,
+               std::unique_lock<std::mutex>& lk);
   void dispatch_locked();
   void set_read_priority(Worker& x, double p);
 

@@ -112,7 +112,11 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
     reset_cpu_account_peak(x.account);
     s.base = cpu_account(x.account).current;
     x.exec->begin(std::move(r.inputs));
-    while (!run_block(i, r, lk, s)) between_blocks(i, lk, s);
+    while (!run_block(i, r, lk, s)) {
+      note_use(i, s, lk);
+      between_blocks(i, lk, s);
+    }
+    note_use(i, s, lk);
     c10::IValue out = x.exec->finish();
     s.learned_now = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
     const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
@@ -149,14 +153,18 @@ bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::
     }
   }
   const Clock::time_point started = Clock::now();
+  const double waited = central ? x.exec->pipeline_stats().read_wait_ms : 0;
   bool finished = false;
   try {
     finished = x.exec->step();
   } catch (...) {
-    if (central) release(i, {-1, -1}, false, 0, lk);
+    if (central) release(i, {-1, -1}, false, 0, 0, false, lk);
     throw;
   }
-  if (central) release(i, block, resident, ms_between(started, Clock::now()), lk);
+  if (central) {
+    const double ms = ms_between(started, Clock::now());
+    release(i, block, resident, ms, x.exec->pipeline_stats().read_wait_ms - waited, !finished, lk);
+  }
   return finished;
 }
 // Worker i, unlocked on entry and return: between two blocks, moves to a new target (Note
@@ -165,6 +173,7 @@ void Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, S
   Worker& x = *w[i];
   lk.lock();
   if (can_move(i)) {
+    dispatch_locked();  // Note [Handing a worker back]
     ++x.st.mid_inference_moves;
     move(i, lk);  // resets the peaks: what follows is measured against the new budget
   }
@@ -177,6 +186,15 @@ void Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, S
     throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
   }
 }
+// Worker i, unlocked on entry and return: its use after a block, for the ledger (Note [The
+// memory ledger] in ledger.cpp): weights held, and activations at their peak so far.
+void Runtime::Impl::note_use(size_t i, const Served& s, std::unique_lock<std::mutex>& lk) {
+  Worker& x = *w[i];
+  const std::uint64_t used = x.exec->held_bytes() + (cpu_account(x.account).peak_with_lent - s.base);
+  lk.lock();
+  ledger.use(i, used, Clock::now());
+  lk.unlock();
+}
 // Worker i, under mu: counts the request served in the model's status.
 void Runtime::Impl::count_served(size_t i, const Request& r, const Served& s) {
   Worker& x = *w[i];
@@ -188,7 +206,9 @@ void Runtime::Impl::count_served(size_t i, const Request& r, const Served& s) {
   if (r.deadline != Clock::time_point{}) {
     ++x.st.deadline_requests;
     x.st.deadline_met += s.ok && s.met ? 1 : 0;
+    x.met_share += 0.1 * ((s.ok && s.met ? 1.0 : 0.0) - x.met_share);
   }
+  if (s.ok) ledger.use(i, s.held, Clock::now());  // its activations are gone
   if (s.ok) {
     ++x.st.requests;
     x.st.peak_model_bytes = std::max(x.st.peak_model_bytes, s.model_peak);
@@ -203,6 +223,7 @@ void Runtime::Impl::count_served(size_t i, const Request& r, const Served& s) {
     }
   } else if (s.dropped) {
     ++x.st.dropped;
+    x.est.forgive();  // Note [Block estimates under contention]
   } else if (s.abandoned) {
     ++x.st.abandoned;
   } else {
@@ -210,6 +231,7 @@ void Runtime::Impl::count_served(size_t i, const Request& r, const Served& s) {
   }
   // Reading ahead for a request not yet here comes after every request waiting.
   if (disk_aware) set_read_priority(x, std::numeric_limits<double>::infinity());
+  dispatch_locked();  // a worker it gave back on a failure (Note [Handing a worker back])
 }
 
 // ---- central scheduling: a worker for each block ----
@@ -221,10 +243,13 @@ bool Runtime::Impl::acquire(size_t i, const Request& r, std::unique_lock<std::mu
   Worker& x = *w[i];
   lk.lock();
   while (true) {
-    const Worker::Expected e = x.expected();
+    // Beside the blocks running now, up to the other workers' number.
+    const Worker::Expected e = x.expected(std::min(running, workers - 1));
     x.cand = DispatchCandidate{static_cast<int>(i), ms_between(t0, r.arrival),
                                r.deadline == Clock::time_point{} ? 0.0 : std::max(1e-3, ms_between(t0, r.deadline)),
                                e.next, e.rest, e.then};
+    x.cand.met_share = x.met_share;
+    x.cand.started = x.exec->in_inference() && x.exec->next_layer() > 0;
     x.grant = Grant::kNone;
     x.waiting = true;
     dispatch_locked();
@@ -249,19 +274,38 @@ bool Runtime::Impl::acquire(size_t i, const Request& r, std::unique_lock<std::mu
   lk.unlock();
   return go;
 }
-// Worker i, unlocked: block [a, b] ran in `ms` on the worker it is giving back.
-void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, double ms, std::unique_lock<std::mutex>& lk) {
+// Worker i, unlocked: block [a, b] ran in `ms` (`wait_ms` of them waiting for its bytes) on the
+// worker it is giving back; `more`: its inference goes on (it asks for a worker again at once).
+//
+// Note [Handing a worker back]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A job that gives its worker back between two blocks is not waiting yet: it asks again once
+// it has looked for a budget move (between_blocks). Handing the worker out at once gave it to
+// whoever else waited, so with one worker two models' blocks strictly alternated whatever the
+// policy said: least slack could not finish the urgent request first, and on two_rates.json
+// (2026-11-27) resnet101's requests ran at half speed, missed, and 0 of 157 were met. So the
+// worker is handed out when the job asks again (acquire), among all who wait then, itself
+// included; at once when its inference is done or failed, and before it moves (a move may take
+// a while, and others should not wait on it).
+void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, double ms, double wait_ms, bool more,
+                            std::unique_lock<std::mutex>& lk) {
   Worker& x = *w[i];
   lk.lock();
+  const Clock::time_point now = Clock::now();
+  tally(now);
+  const double held_ms = ms_between(x.granted, now);
+  // The mean number of other blocks beside this one while it held its worker.
+  const double others = held_ms > 0 ? std::max(0.0, (busy_ms - x.busy_at_grant) / held_ms - 1) : 0;
+  --running;
   ++free_workers;
   if (block.first >= 0 && ms > 0) {
-    Ewma& e = x.block_estimate(block.first, block.second, resident);
-    x.error_sum += std::abs(e.value - ms) / ms;
-    ++x.error_n;
-    x.st.estimate_error = x.error_sum / static_cast<double>(x.error_n);
-    e.add(ms);
+    x.est.observe(block.first, block.second, resident, others, ms, wait_ms, x.expected_next);
+    x.st.estimate_error = x.est.error();
+    x.st.estimate_time_error = x.est.time_error();
+    x.st.contention = x.est.contention();
   }
-  dispatch_locked();
+  // Note [Handing a worker back]: a job with more blocks competes for the worker it gives back.
+  if (!more) dispatch_locked();
   lk.unlock();
 }
 // Under mu: hands free workers to waiting jobs, as the policy picks.
@@ -280,7 +324,7 @@ void Runtime::Impl::dispatch_locked() {
           Worker& x = *w[j];
           std::uint64_t unread = 0;
           if (x.exec->try_next_block_unread_bytes(&unread)) {
-            x.cand.unread_ms = static_cast<double>(unread) * std::max(x.ms_per_byte, 1e-9);
+            x.cand.unread_ms = static_cast<double>(unread) * std::max(x.est.ms_per_byte(), 1e-9);
           }
         }
         if (disk_aware) set_read_priority(*w[j], dispatch->urgency(w[j]->cand));
@@ -304,6 +348,11 @@ void Runtime::Impl::dispatch_locked() {
     Worker& x = *w[who[static_cast<size_t>(d.pick)]];
     x.waiting = false;
     x.grant = Grant::kGo;
+    tally(Clock::now());
+    ++running;
+    x.granted = busy_at;
+    x.busy_at_grant = busy_ms;
+    x.expected_next = x.cand.next_ms;
     // The block now holding a core reads first: behind a more urgent job still waiting for a
     // core, its core would idle until that job's reads were done (priority inversion).
     if (disk_aware) set_read_priority(x, -std::numeric_limits<double>::infinity());

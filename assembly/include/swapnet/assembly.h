@@ -503,6 +503,7 @@ class SWAPNET_API Executor {
   void release();
   bool released() const;
   WeightMemory weight_memory() const;
+  std::uint64_t held_bytes() const;  // weight_memory().held, without counting pages (cheap)
   void reset_weight_peak();
   const ImageInfo& info() const;
   const Skeleton& skeleton() const;

@@ -89,6 +89,10 @@ struct DispatchCandidate {
   // Expected wait for the next block's weights still on their way from the disk, at the cost
   // model's read rate (0: in memory, the block can run at once). Refreshed at every decision.
   double unread_ms = 0;
+  // The model's share of deadlines met lately (an EWMA over its requests with a deadline, 1
+  // before any): "lst" serves a model below its floor first (Note [A floor against starvation]).
+  double met_share = 1;
+  bool started = false;  // it has run a block (admission is before the first one)
 };
 
 struct DispatchDecision {
@@ -123,8 +127,8 @@ class SWAPNET_API DispatchPolicy {
 // in memory runs first if it is expected to end before those bytes land.
 SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::string& name, int workers = 1);
 
-// The CPUs this process may run on (its affinity mask; at least 1): a central scheduler's
-// workers by default, one per core.
+// The CPUs this process may run on (its affinity mask; at least 1): the intra-op threads serve
+// gives a central scheduler's one worker.
 SWAPNET_API int usable_cores();
 
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
@@ -155,10 +159,11 @@ struct RuntimeOptions {
   // "threads": every model's thread runs its blocks whenever it likes (the baseline); else a
   // make_dispatch_policy() name: at most `workers` blocks run at once, the policy picks which.
   std::string scheduler = "threads";
-  // At most this many blocks run at once under a central scheduler. 0: one per core this
-  // process may run on (usable_cores()); give each model's intra-op threads to match
-  // (RuntimeModel::threads: cores / workers).
-  int workers = 0;
+  // At most this many blocks run at once under a central scheduler. 1: a block at a time, on
+  // every core as its model's intra-op threads (RuntimeModel::threads 0, libtorch's setting),
+  // the default (Note [Serve's defaults] in cli/cmd_serve.cpp says why); 0: one per core this
+  // process may run on (usable_cores()), each model's intra-op threads to match (cores / workers).
+  int workers = 1;
 };
 
 struct ModelStatus {
@@ -185,10 +190,26 @@ struct ModelStatus {
   std::uint64_t deadline_requests = 0;
   std::uint64_t deadline_met = 0;
   std::uint64_t dropped = 0;
-  // Expected block time (ms, EWMA) against measured, over the blocks run: mean |error| / measured.
+  // Expected block time against measured, over the blocks run: mean |error| / measured.
   double estimate_error = 0;
+  // The same error per millisecond of work: sum |error| / sum measured (Note [Block estimates
+  // under contention] in estimates.cpp); and the contention learned (a block's slow-down per
+  // other block running beside it).
+  double estimate_time_error = 0;
+  double contention = 0;
   std::uint64_t budget_changes = 0;  // plans adopted after open
   std::uint64_t mid_inference_moves = 0;  // of those, in the middle of an inference (between blocks)
+};
+
+// What the models used over time against the budget (Note [The memory ledger] in ledger.cpp).
+struct MemoryUse {
+  std::uint64_t peak_bytes = 0;  // the most used at once
+  // Bytes x seconds above what may be used: the total in force, or during a change not yet in
+  // effect the larger of the totals. The promise broken: 0 in every test.
+  double over_byte_s = 0;
+  double over_s = 0;
+  // Bytes x seconds above a new, lower total while it took effect (models shedding).
+  double complying_byte_s = 0;
 };
 
 struct Adaptation {
@@ -266,6 +287,7 @@ class SWAPNET_API Runtime : public BudgetTarget {
   std::uint64_t held_bytes() const override;  // the models' budgets in force
   std::string status_json() const override;
   std::vector<Adaptation> adaptations() const;
+  MemoryUse memory_use() const;  // since open
   std::vector<ModelStatus> status() const;
   double seconds() const;  // since open
 

@@ -1,0 +1,176 @@
+// A model's expected block times (estimates.h).
+//
+// Note [Block estimates under contention]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A central scheduler ranks requests by their expected remaining time and drops those that can
+// no longer meet their deadline (Note [Dispatch policies] in dispatch.cpp), so its estimates
+// decide who runs. Band keeps one EWMA per subgraph (alpha 0.1) seeded from a profile. Measured
+// on 2026-11-27 (self_driving_slo.json, lst, two workers) that gave mean errors of 0.57 to 3.4
+// per block: the seed (the cost model's execution time at its own thread count, or the block's
+// read when that is longer, though the read mostly overlaps earlier blocks) was 2-4x off, alpha
+// 0.1 forgot it only after tens of runs, and a model whose requests were all dropped never ran,
+// so never corrected it: resnet101, which meets its deadline alone, was served 14 %.
+// What we keep instead, per model:
+// - each block's last nine runs: compute time, wait for its bytes (the executor's read wait
+//   during the step) and company; its estimate is their median (of two runs the faster). On
+//   this VM a 2 ms block took 100-270 ms now and then (its thread preempted): an EWMA followed
+//   those (per-block errors of 2-13x for blocks of a few ms), a median does not;
+// - the model's scale against the cost model: measured compute over seeds, as a ratio of
+//   decayed sums with one whole inference's seeds as its prior weight (a first version averaged
+//   log ratios from the first block: a cold first run 6x its seed scaled every seed 6-fold and
+//   every later request of three models of four was dropped). A block not measured yet (a new
+//   plan's, a dropped model's) is seeded with its execution time x scale, and a swapped one
+//   with the model's measured wait per byte (one inference's bytes waited for in no time as
+//   its prior, at most the cost model's read time: a first version extrapolated the first
+//   block's 1.2 ms wait for 7 KB to 85 s for vgg19's blocks, and dropped all its requests);
+// - its contention: `others` is the mean number of other blocks running beside a block (the
+//   runtime integrates the blocks running over time: beside one other for half its time is
+//   0.5); a block's compute is its usual time (the median of its runs, each brought to the
+//   block's usual company) x (1 + gamma x (others - usual company)). gamma is a least-squares
+//   slope over the model's runs: how much more a run took than its block's usual time, against
+//   how much more company it had than usual. Centred on each block's usual company, so a block
+//   always run with the same company teaches nothing: a first version fitted gamma against
+//   "alone" times that were never measured and drifted on noise to its clamp (3x, every
+//   estimate doubled).
+// A block's estimate is that compute at the company the scheduler expects when it ranks the
+// request (the blocks running then), plus its wait. A dropped request halves the model's evidence (forgive()), so
+// a model that is dropped because its times were measured under a burst gets back to its cost
+// model's times and runs again, where it is measured again.
+#include "estimates.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace swapnet {
+namespace runtime_detail {
+
+namespace {
+
+// Band's alpha from the tenth sample on; the running mean before.
+double alpha(std::uint64_t n) { return std::max(0.1, 1.0 / static_cast<double>(n + 1)); }
+
+}  // namespace
+
+void BlockEstimates::set_costs(std::vector<LayerCost> costs, double ms_per_byte) {
+  costs_ = std::move(costs);
+  ms_per_byte_ = ms_per_byte;
+  blocks_.clear();
+  prior_ = std::max(1.0, seed(0, static_cast<int>(costs_.size()) - 1));
+  prior_bytes_ = std::max(1.0, bytes(0, static_cast<int>(costs_.size()) - 1));
+}
+
+// The cost model's execution time of layers [a, b], and their bytes.
+double BlockEstimates::seed(int a, int b) const {
+  double exec = 0;
+  for (int k = std::max(0, a); k <= b && k < static_cast<int>(costs_.size()); ++k) exec += costs_[static_cast<size_t>(k)].exec_ms;
+  return std::max(exec, 0.01);
+}
+double BlockEstimates::bytes(int a, int b) const {
+  double n = 0;
+  for (int k = std::max(0, a); k <= b && k < static_cast<int>(costs_.size()); ++k) n += static_cast<double>(costs_[static_cast<size_t>(k)].bytes);
+  return n;
+}
+
+double BlockEstimates::scale() const {
+  return std::clamp((solo_sum_ + prior_) / (seed_sum_ + prior_), 0.1, 10.0);
+}
+
+BlockEstimates::Block BlockEstimates::unseen(int a, int b, bool resident) const {
+  Block u;
+  u.compute = seed(a, b) * scale();
+  // The wait per byte with one whole inference's bytes waited for in no time as its prior, and
+  // never more than the block's whole read at the cost model's rate.
+  u.wait = resident ? 0.0 : bytes(a, b) * std::min(ms_per_byte_, wait_sum_ / (wait_bytes_sum_ + prior_bytes_));
+  u.others = 0;
+  return u;
+}
+
+// The factor by which company `others` changes a block usually run with company `usual`.
+double BlockEstimates::factor(double others, double usual) const {
+  return std::max(0.25, 1 + gamma_ * (std::max(0.0, others) - usual));
+}
+
+// The median of the block's last runs' compute times, each brought to its usual company (what
+// = 0), or of their waits (1).
+double BlockEstimates::median(const Block& k, int what) const {
+  const size_t n = static_cast<size_t>(std::min<std::uint64_t>(k.n, kRecent));
+  std::array<double, kRecent> v{};
+  for (size_t j = 0; j < n; ++j) {
+    const Run& r = k.recent[j];
+    v[j] = what == 0 ? r.compute / factor(r.others, k.others) : r.wait;
+  }
+  const size_t mid = (n - 1) / 2;  // of two runs, the faster: the other may be the cold one
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.begin() + static_cast<std::ptrdiff_t>(n));
+  return std::max(what == 0 ? 0.01 : 0.0, v[mid]);
+}
+
+double BlockEstimates::expect(int a, int b, bool resident, double others) const {
+  auto it = blocks_.find(Key{a, b, resident});
+  const Block k = it != blocks_.end() ? it->second : unseen(a, b, resident);
+  return k.compute * factor(others, k.others) + k.wait;
+}
+
+void BlockEstimates::observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected) {
+  if (!(ms > 0)) return;
+  err_sum_ += std::abs(expected - ms) / ms;
+  err_ms_sum_ += std::abs(expected - ms);
+  ms_sum_ += ms;
+  ++err_n_;
+  others = std::max(0.0, others);
+  wait_ms = std::clamp(wait_ms, 0.0, ms);
+  const double compute = std::max(0.01, ms - wait_ms);
+  auto it = blocks_.find(Key{a, b, resident});
+  if (it == blocks_.end()) it = blocks_.emplace(Key{a, b, resident}, unseen(a, b, resident)).first;
+  Block& k = it->second;
+  if (k.n >= 2) {
+    // Contention: this run's time against the block's usual one, by how much more (or less)
+    // company it had than usual. Centred, so that a block always run with the same company
+    // teaches nothing (and gamma cannot drift on noise); an outlier counts as at most 2x.
+    const double x = others - k.others, y = std::clamp(compute / k.compute - 1, -0.5, 1.0);
+    gamma_xy_ = gamma_xy_ * (1 - kDecay) + x * y;
+    gamma_xx_ = gamma_xx_ * (1 - kDecay) + x * x;
+    if (gamma_xx_ > 1) gamma_ = std::clamp(gamma_xy_ / gamma_xx_, 0.0, 3.0);
+  }
+  k.others += alpha(k.n) * (others - k.others);  // the first run replaces the seed's (none)
+  k.recent[k.n % kRecent] = {compute, wait_ms, others};
+  ++k.n;
+  k.compute = median(k, 0);
+  k.wait = median(k, 1);
+  solo_sum_ = solo_sum_ * (1 - kDecay) + compute / factor(others, 0);
+  seed_sum_ = seed_sum_ * (1 - kDecay) + seed(a, b);
+  if (!resident) {
+    wait_sum_ = wait_sum_ * (1 - kDecay) + wait_ms;
+    wait_bytes_sum_ = wait_bytes_sum_ * (1 - kDecay) + bytes(a, b);
+  }
+}
+
+void BlockEstimates::forgive() {
+  solo_sum_ /= 2;
+  seed_sum_ /= 2;
+  wait_sum_ /= 2;
+  wait_bytes_sum_ /= 2;
+  // Each block's slowest recent run counts as its fastest (its only run: half-way to its seed).
+  for (auto& [key, k] : blocks_) {
+    const size_t n = static_cast<size_t>(std::min<std::uint64_t>(k.n, kRecent));
+    if (n == 1) {  // maybe the cold first run
+      const Block u = unseen(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+      k.recent[0].compute = (k.recent[0].compute + u.compute) / 2;
+      k.recent[0].wait = (k.recent[0].wait + u.wait) / 2;
+    }
+    size_t worst = 0, best = 0;
+    auto total = [&](size_t j) { return k.recent[j].compute + k.recent[j].wait; };
+    for (size_t j = 1; j < n; ++j) {
+      if (total(j) > total(worst)) worst = j;
+      if (total(j) < total(best)) best = j;
+    }
+    k.recent[worst] = k.recent[best];
+    if (n > 0) {
+      k.compute = median(k, 0);
+      k.wait = median(k, 1);
+    }
+  }
+}
+
+}  // namespace runtime_detail
+}  // namespace swapnet

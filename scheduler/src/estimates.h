@@ -1,0 +1,77 @@
+// A model's expected block times for a central scheduler (runtime_worker.cpp), learned as its
+// blocks run, contention included (Note [Block estimates under contention] in estimates.cpp).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "swapnet/partitioner.h"
+
+namespace swapnet {
+namespace runtime_detail {
+
+class BlockEstimates {
+ public:
+  // The cost model's layer table and read time: the seeds of blocks not measured yet. Forgets
+  // the blocks' measured times (a learned plan's costs replace the old ones), keeps what was
+  // learned of the model as a whole (its scale against the cost model, its contention, its
+  // waits for reads).
+  void set_costs(std::vector<LayerCost> costs, double ms_per_byte);
+  double ms_per_byte() const { return ms_per_byte_; }
+  // Expected ms of block [a, b] run while `others` other blocks run beside it (on average).
+  double expect(int a, int b, bool resident, double others) const;
+  // Block [a, b] took `ms`, `wait_ms` of them waiting for its bytes to land, while `others`
+  // other blocks ran beside it on average; the scheduler had expected `expected` ms of it.
+  void observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected);
+  // A request of the model was dropped on these estimates: what was learned of the model as a
+  // whole counts half as much (its seeds move back towards the cost model's) and each block's
+  // slowest recent run counts as a usual one, so that a model whose requests are all dropped,
+  // and so never measured again, is not judged on its worst times for ever.
+  void forgive();
+  // Mean |expected - measured| / measured over the blocks observed, and how many.
+  double error() const { return err_n_ ? err_sum_ / static_cast<double>(err_n_) : 0; }
+  // Sum |expected - measured| over sum measured: the error per millisecond of work, which is
+  // what a request's remaining time (a sum of blocks) is off by; blocks of 0.1 ms weigh little.
+  double time_error() const { return ms_sum_ > 0 ? err_ms_sum_ / ms_sum_ : 0; }
+  std::uint64_t observed() const { return err_n_; }
+  double contention() const { return gamma_; }  // a block's slow-down per other block beside it
+
+ private:
+  using Key = std::tuple<int, int, bool>;  // first, last, resident
+  static constexpr size_t kRecent = 9;
+  struct Run {
+    double compute = 0, wait = 0, others = 0;
+  };
+  struct Block {
+    double compute = 0;  // its usual time at its usual company, waits for reads aside
+    double wait = 0;     // its wait for its bytes
+    double others = 0;   // the company it usually has (other blocks running beside it)
+    std::array<Run, kRecent> recent{};  // its last runs
+    std::uint64_t n = 0;
+  };
+  double median(const Block& k, int what) const;
+  double factor(double others, double usual) const;
+  double seed(int a, int b) const;
+  double bytes(int a, int b) const;
+  double scale() const;
+  Block unseen(int a, int b, bool resident) const;
+  std::vector<LayerCost> costs_;
+  double ms_per_byte_ = 0;
+  double prior_ = 1;  // the cost model's time of one whole inference: the scale's prior weight
+  double prior_bytes_ = 1;  // one whole inference's bytes: the wait per byte's prior weight
+  std::map<Key, Block> blocks_;
+  static constexpr double kDecay = 0.05;
+  double solo_sum_ = 0, seed_sum_ = 0;         // decayed: measured compute times (alone) and their seeds
+  double wait_sum_ = 0, wait_bytes_sum_ = 0;  // decayed: swapped blocks' waits and their bytes
+  double gamma_ = 0;
+  double gamma_xy_ = 0, gamma_xx_ = 0;  // decayed sums of the centred regression
+  double err_sum_ = 0, err_ms_sum_ = 0, ms_sum_ = 0;
+  std::uint64_t err_n_ = 0;
+};
+
+}  // namespace runtime_detail
+}  // namespace swapnet

@@ -1,0 +1,120 @@
+// The scheduler's internal parts on their own: the block estimates (Note [Block estimates under
+// contention] in estimates.cpp) and the memory ledger (Note [The memory ledger] in ledger.cpp).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "estimates.h"
+#include "ledger.h"
+
+namespace swapnet {
+namespace runtime_detail {
+namespace {
+
+// Ten layers of 1 ms and 1 MB each, read at 1 ms per MB.
+BlockEstimates ten_layers() {
+  BlockEstimates e;
+  std::vector<LayerCost> costs(10);
+  for (auto& c : costs) {
+    c.exec_ms = 1;
+    c.bytes = 1 << 20;
+  }
+  e.set_costs(costs, 1.0 / (1 << 20));
+  return e;
+}
+
+TEST(BlockEstimates, FirstRunReplacesTheSeedAndOutliersDoNotMoveIt) {
+  BlockEstimates e = ten_layers();
+  EXPECT_NEAR(e.expect(0, 1, true, 0), 2.0, 1e-9);  // seeded: two layers' execution
+  e.observe(0, 1, true, 0, 6.0, 0, e.expect(0, 1, true, 0));
+  EXPECT_NEAR(e.expect(0, 1, true, 0), 6.0, 1e-9);
+  for (int k = 0; k < 8; ++k) e.observe(0, 1, true, 0, k == 4 ? 300.0 : 6.0, 0, e.expect(0, 1, true, 0));
+  EXPECT_NEAR(e.expect(0, 1, true, 0), 6.0, 1e-9);  // one preempted run of 300 ms: the median stays
+  EXPECT_GT(e.error(), 0);
+  EXPECT_EQ(e.observed(), 9u);
+}
+
+TEST(BlockEstimates, OneMeasuredBlockScalesTheModelsSeeds) {
+  BlockEstimates e = ten_layers();
+  for (int k = 0; k < 20; ++k) e.observe(0, 4, true, 0, 15.0, 0, e.expect(0, 4, true, 0));  // 3x its seed of 5
+  const double unseen = e.expect(5, 9, true, 0);  // seed 5 ms
+  EXPECT_GT(unseen, 8.0);
+  EXPECT_LT(unseen, 15.5);
+}
+
+TEST(BlockEstimates, LearnsContentionFromCompany) {
+  BlockEstimates e = ten_layers();
+  // Alone 10 ms, beside one other block 18 ms: usually beside half a block, 14 ms, and 4 ms more
+  // (or less) per half block more (or less): gamma 8/14.
+  for (int k = 0; k < 200; ++k) {
+    const double others = (k % 2) ? 1.0 : 0.0;
+    const double ms = others > 0 ? 18.0 : 10.0;
+    e.observe(2, 3, true, others, ms, 0, e.expect(2, 3, true, others));
+  }
+  EXPECT_NEAR(e.contention(), 8.0 / 14, 0.1);
+  EXPECT_NEAR(e.expect(2, 3, true, 1.0), 18.0, 2.5);
+  EXPECT_NEAR(e.expect(2, 3, true, 0.0), 10.0, 2.5);
+}
+
+TEST(BlockEstimates, AlwaysTheSameCompanyTeachesNoContention) {
+  BlockEstimates e = ten_layers();
+  for (int k = 0; k < 200; ++k) e.observe(2, 3, true, 1.0, k % 3 ? 12.0 : 20.0, 0, e.expect(2, 3, true, 1.0));
+  EXPECT_EQ(e.contention(), 0.0);  // no variation in company: nothing to learn (and no drift on noise)
+}
+
+TEST(BlockEstimates, ForgivingBringsADroppedModelBackToItsUsualTimes) {
+  BlockEstimates e = ten_layers();
+  e.observe(0, 9, true, 0, 400.0, 0, 10.0);  // a cold first run, 40x its seed
+  const double cold = e.expect(0, 9, true, 0);
+  for (int k = 0; k < 6; ++k) e.forgive();  // its requests dropped on it
+  EXPECT_LT(e.expect(0, 9, true, 0), cold / 10);
+  // Slow runs of late: each forgiving counts the slowest as the fastest.
+  BlockEstimates f = ten_layers();
+  for (double ms : {10.0, 90.0, 95.0}) f.observe(0, 9, true, 0, ms, 0, f.expect(0, 9, true, 0));
+  EXPECT_NEAR(f.expect(0, 9, true, 0), 90.0, 1e-9);
+  f.forgive();
+  EXPECT_NEAR(f.expect(0, 9, true, 0), 10.0, 1e-9);
+}
+
+TEST(BlockEstimates, WaitsForSwappedBlocksAreLearnedApart) {
+  BlockEstimates e = ten_layers();
+  for (int k = 0; k < 5; ++k) e.observe(0, 0, false, 0, 4.0, 3.0, e.expect(0, 0, false, 0));
+  EXPECT_NEAR(e.expect(0, 0, false, 0), 4.0, 1e-9);  // 1 ms of compute + 3 ms waiting
+  // An unseen swapped block waits at most its read at the cost model's rate (1 ms per MB).
+  EXPECT_LE(e.expect(5, 5, false, 0), 1.0 * e.expect(5, 5, true, 0) + 1.0 + 1e-9);
+}
+
+using Clock = std::chrono::steady_clock;
+Clock::time_point at(double s) { return Clock::time_point{} + std::chrono::microseconds(static_cast<long long>(s * 1e6)); }
+
+TEST(MemoryLedger, CountsBytesSecondsAboveTheBudget) {
+  MemoryLedger l(2, 100, at(0));
+  l.use(0, 60, at(0));
+  l.use(1, 30, at(0));
+  l.use(1, 50, at(1));  // 110 of 100 from 1 s to 3 s: 10 bytes x 2 s
+  l.use(1, 40, at(3));
+  const MemoryUse u = l.totals(at(4));
+  EXPECT_DOUBLE_EQ(u.over_byte_s, 20.0);
+  EXPECT_DOUBLE_EQ(u.over_s, 2.0);
+  EXPECT_EQ(u.peak_bytes, 110u);
+  EXPECT_DOUBLE_EQ(u.complying_byte_s, 0.0);
+}
+
+TEST(MemoryLedger, ACutMayTakeEffectBeforeItCounts) {
+  MemoryLedger l(1, 100, at(0));
+  l.use(0, 90, at(0));
+  l.announce(50, at(1));   // a cut: 90 used until it takes effect at 1.5 s
+  l.use(0, 45, at(1.5));
+  l.in_effect(at(1.5));
+  MemoryUse u = l.totals(at(2));
+  EXPECT_DOUBLE_EQ(u.over_byte_s, 0.0);             // within the larger total while complying
+  EXPECT_DOUBLE_EQ(u.complying_byte_s, 40.0 * 0.5);  // 40 above the new total for 0.5 s
+  l.use(0, 55, at(2));  // above the total in force: broken
+  u = l.totals(at(3));
+  EXPECT_DOUBLE_EQ(u.over_byte_s, 5.0);
+}
+
+}  // namespace
+}  // namespace runtime_detail
+}  // namespace swapnet
