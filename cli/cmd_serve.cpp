@@ -76,6 +76,9 @@ Scenario scenario_for(const std::string& path, const ServeOptions& o) {
   if (!o.policy.empty()) s.policy = o.policy;
   if (!o.scheduler.empty()) s.scheduler = o.scheduler;
   if (o.workers > 0) s.workers = o.workers;
+  if (o.load > 0) s.load = o.load;
+  if (o.warmup_s >= 0) s.warmup_s = o.warmup_s;
+  if (o.min_requests >= 0) s.min_requests = o.min_requests;
   named(path, "policy", !o.policy.empty(), [&] { (void)make_policy(s.policy); });
   named(path, "scheduler", !o.scheduler.empty(), [&] {
     if (!s.scheduler.empty() && s.scheduler != "threads") (void)make_dispatch_policy(s.scheduler);
@@ -103,12 +106,18 @@ Scenario scenario_for(const std::string& path, const ServeOptions& o) {
 // chose (on stderr, and in --json: scheduler, workers, each model's threads):
 // - the scheduler: a central least-slack one (`lst`) where any model or group has a deadline
 //   (slo_ms), else `threads` (every model's thread on its own, the OS sharing the cores);
-// - a central scheduler's workers: one per core the process may run on (usable_cores());
-// - each model's intra-op threads: the cores over the workers (central: one each, one per core
-//   busy) or over the models (`threads`).
-// With one worker (the old default) a central policy used one core of two: on 2026-11-27 a
-// scenario of resnet101 every 400 ms (due in 500) and yolov3 every 1.5 s (due in 2.2 s) met 0.175
-// of its deadlines under lst with 1 worker, 0.69 with 2 workers and 1 thread each.
+// - a central scheduler's workers: one, whose blocks run on every core the process may run on
+//   (usable_cores()) as intra-op threads: the policy's order is then the order blocks run in,
+//   and a block's time is its own, not what shares the cores with it;
+// - each model's intra-op threads: the cores over the workers (central) or over the models
+//   (`threads`).
+// Measured 2026-11-27 (self_driving_slo.json at load 0.9, 30 s, bench/scheduler_sweep.sh, the
+// variants interleaved): one worker on both cores met 0.65 of the deadlines; two one-thread
+// workers 0.17 (two one-thread blocks at once each ran ~2x slower than alone on this VM's two
+// vCPUs, while one block on two threads ran 2.15x faster than on one: the second worker bought
+// no throughput, and the contention made every estimate, and so every drop, wrong; resnet101
+// met none of 60); `threads` 0.01. An earlier default, one worker on one thread, used one core
+// of two (0.175 on a scenario of resnet101 and yolov3).
 std::string choose_defaults(Scenario& s) {
   std::string said;
   auto say = [&](const std::string& what) { said += (said.empty() ? "" : ", ") + what; };
@@ -122,8 +131,8 @@ std::string choose_defaults(Scenario& s) {
   const int cores = usable_cores();
   const bool central = s.scheduler != "threads";
   if (s.workers == 0) {
-    s.workers = cores;
-    if (central) say(std::to_string(cores) + " worker" + (cores == 1 ? "" : "s") + " (one per core)");
+    s.workers = 1;
+    if (central) say("1 worker (a block at a time, on all " + std::to_string(cores) + " cores)");
   }
   const int over = central ? s.workers : static_cast<int>(s.models.size());  // who shares the cores
   const int per_model = std::max(1, cores / std::max(1, over));
@@ -135,7 +144,7 @@ std::string choose_defaults(Scenario& s) {
   }
   if (threads_chosen) {
     say(std::to_string(per_model) + " intra-op thread(s) per model (" + std::to_string(cores) + " cores over " +
-        std::to_string(over) + (central ? " workers)" : " models)"));
+        std::to_string(over) + (central ? " worker" + std::string(over == 1 ? "" : "s") + ")" : " models)"));
   }
   return said;
 }
@@ -178,34 +187,12 @@ void resolve_budgets(const std::string& path, std::uint64_t whole, ServeSetup* s
   }
 }
 
-// Direct (all in memory) inference of model m on `inputs`, on a thread with the model's
-// intra-op threads, as its worker: some kernels' results (parallel reductions) depend on the
-// thread count.
-c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const std::vector<c10::IValue>& inputs) {
-  c10::IValue out;
-  std::exception_ptr failed;
-  std::thread([&] {
-    try {
-      at::internal::lazy_init_num_threads();
-      at::set_num_threads(m.rt.threads);
-      c10::InferenceMode g;
-      const bool cuda = m.device == "cuda";
-      InMemory direct(m.rt.image, info, cuda);
-      std::vector<c10::IValue> in = clone_inputs(inputs);
-      if (cuda) inputs_to_cuda(&in);  // as the executor moves them
-      out = direct.sk.forward(std::move(in));
-    } catch (...) {
-      failed = std::current_exception();
-    }
-  }).join();
-  if (failed) std::rethrow_exception(failed);
-  return out;
-}
-
-// Inputs and, with `check`, the reference outputs of direct inference, before the run.
+// Inputs and, with `check`, the reference outputs of direct inference, before the run; with a
+// load, each model's direct latency too (Note [Load and run rules] in serve_load.cpp).
 void make_inputs(const std::string& path, const Common& c, bool check, ServeSetup* setup) {
   const Scenario& s = setup->s;
   c10::InferenceMode guard;
+  setup->load.direct_ms.assign(s.models.size(), 0);
   for (size_t i = 0; i < s.models.size(); ++i) {
     Common mc = c;
     if (!s.models[i].shapes.empty()) mc.input_shapes = s.models[i].shapes;
@@ -217,6 +204,11 @@ void make_inputs(const std::string& path, const Common& c, bool check, ServeSetu
                   "): " + e.what());
     }
     if (check) setup->reference.push_back(direct_output(s.models[i], setup->infos[i], setup->inputs[i]));
+    if (s.load > 0) {  // on the whole machine (Note [Load and run rules])
+      ScenarioModel whole = s.models[i];
+      whole.rt.threads = usable_cores();
+      (void)direct_output(whole, setup->infos[i], setup->inputs[i], 3, &setup->load.direct_ms[i]);
+    }
   }
 }
 
@@ -229,6 +221,8 @@ ServeSetup set_up(const std::string& path, const Common& c, const ServeOptions& 
   const std::uint64_t whole = open_images(path, c, o, &setup);
   resolve_budgets(path, whole, &setup);
   make_inputs(path, c, o.check, &setup);
+  if (setup.s.load > 0) std::fprintf(stderr, "swapnet: serve %s\n", apply_load(&setup).c_str());
+  setup.warmup_s = choose_warmup(setup.s);
   return setup;
 }
 
@@ -282,9 +276,11 @@ Service open_service(const ServeSetup& setup, const Common& c, const ServeOption
 class Clients {
  public:
   Clients(Runtime* rt, const ServeSetup& setup, bool check, ServeLog* log)
-      : rt_(rt), s_(setup.s), inputs_(setup.inputs), reference_(setup.reference), check_(check), log_(log),
-        inbox_(rt->size()) {}
+      : rt_(rt), s_(setup.s), inputs_(setup.inputs), reference_(setup.reference), check_(check),
+        warmup_s_(setup.warmup_s), log_(log), inbox_(rt->size()) {}
   void start();
+  // Every open-loop model has had `n` arrivals after the warm-up.
+  bool enough(int n);
   void stop() {
     done_.store(true);
     for (auto& t : threads_) t.join();
@@ -308,7 +304,8 @@ class Clients {
     int group;
   };
 
-  void record(int i, c10::IValue out, double ms);
+  void record(int i, c10::IValue out, Clock::time_point arrival);
+  void ended(int i, Outcome::Fate fate, Clock::time_point arrival);  // under mu_
   Clock::time_point grace_end();
   void arrive(const Stream& st);
   void stream(size_t k);
@@ -321,6 +318,8 @@ class Clients {
   const std::vector<std::vector<c10::IValue>>& inputs_;
   const std::vector<c10::IValue>& reference_;
   const bool check_;
+  const double warmup_s_;
+  Clock::time_point start_{};
   ServeLog* log_;  // under mu_
   std::mutex mu_;
   std::atomic<bool> done_{false};
@@ -333,6 +332,7 @@ class Clients {
 
 void Clients::start() {
   const int n = rt_->size();
+  start_ = Clock::now();
   for (int i = 0; i < n; ++i) {
     if (s_.models[i].period_ms > 0) streams_.push_back({{i}, s_.models[i].period_ms, s_.models[i].jitter_ms, s_.models[i].slo_ms, -1});
   }
@@ -353,8 +353,24 @@ void Clients::start() {
   }
 }
 
-void Clients::record(int i, c10::IValue out, double ms) {
+bool Clients::enough(int n) {
   std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < s_.models.size(); ++i) {
+    const bool open_loop = s_.models[i].period_ms > 0 || s_.models[i].group >= 0;
+    if (open_loop && log_->counted[i] < static_cast<std::uint64_t>(n)) return false;
+  }
+  return true;
+}
+
+void Clients::ended(int i, Outcome::Fate fate, Clock::time_point arrival) {
+  log_->outcomes[i].push_back({std::chrono::duration<double>(arrival - start_).count(), fate,
+                               fate == Outcome::kAnswered ? ms_since(arrival) : 0});
+}
+
+void Clients::record(int i, c10::IValue out, Clock::time_point arrival) {
+  const double ms = ms_since(arrival);
+  std::lock_guard<std::mutex> lk(mu_);
+  ended(i, Outcome::kAnswered, arrival);
   log_->lat[i].push_back(ms);
   log_->samples.push_back({rt_->seconds(), i, ms, rt_->total_budget()});
   if (check_) {  // compare_outputs reads GPU tensors back itself
@@ -378,10 +394,15 @@ void Clients::arrive(const Stream& st) {
   const auto arrival = Clock::now();
   const auto deadline = st.slo_ms > 0 ? arrival + us(st.slo_ms) : Clock::time_point{};
   size_t frame = 0;
-  if (st.group >= 0) {
+  {
     std::lock_guard<std::mutex> lk(mu_);
-    frame = log_->frames[static_cast<size_t>(st.group)].size();
-    log_->frames[static_cast<size_t>(st.group)].push_back({static_cast<int>(st.members.size()), true, 0});
+    if (st.group >= 0) {
+      frame = log_->frames[static_cast<size_t>(st.group)].size();
+      log_->frames[static_cast<size_t>(st.group)].push_back({static_cast<int>(st.members.size()), true, 0});
+    }
+    if (std::chrono::duration<double>(arrival - start_).count() >= warmup_s_) {
+      for (int i : st.members) ++log_->counted[i];
+    }
   }
   for (int i : st.members) {
     Pending p{rt_->submit(i, clone_inputs(inputs_[i]), deadline), arrival, frame};
@@ -445,18 +466,21 @@ void Clients::collect(int i) {
     if (done_.load() && p.f.wait_until(grace_end()) != std::future_status::ready) {
       std::lock_guard<std::mutex> lk(mu_);
       ++log_->unanswered[i];
+      ended(i, Outcome::kUnanswered, p.arrival);
       settle(group, p.frame, false, 0);
       continue;
     }
     try {
       c10::IValue out = p.f.get();
       const double ms = ms_since(p.arrival);
-      record(i, std::move(out), ms);
+      record(i, std::move(out), p.arrival);
       std::lock_guard<std::mutex> lk(mu_);
       settle(group, p.frame, true, ms);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (std::string(e.what()).find(": dropped: ") != std::string::npos) ++log_->dropped[i];
+      const bool dropped = std::string(e.what()).find(": dropped: ") != std::string::npos;
+      if (dropped) ++log_->dropped[i];
+      ended(i, dropped ? Outcome::kDropped : Outcome::kFailed, p.arrival);
       settle(group, p.frame, false, 0);
     }
   }
@@ -478,25 +502,33 @@ void Clients::closed_loop(int i) {
     const auto deadline = s_.models[i].slo_ms > 0
                               ? t0 + std::chrono::microseconds(static_cast<long long>(s_.models[i].slo_ms * 1000))
                               : Clock::time_point{};
+    if (std::chrono::duration<double>(t0 - start_).count() >= warmup_s_) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++log_->counted[i];
+    }
     try {
       c10::IValue out = rt_->submit(i, clone_inputs(inputs_[i]), deadline).get();
-      record(i, std::move(out), ms_since(t0));
+      record(i, std::move(out), t0);
     } catch (const std::exception& e) {
+      if (s_.models[i].slo_ms > 0) {
+        std::lock_guard<std::mutex> lk(mu_);
+        ended(i, std::string(e.what()).find(": dropped: ") != std::string::npos ? Outcome::kDropped : Outcome::kFailed, t0);
+      }
       // Paused (the runtime said why when it paused it) or failed: try again shortly.
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
 }
 
-// Until the scenario's duration has passed since `start` (or a signal), the schedule's budget
-// changes at their times.
+// Until the scenario's duration has passed since `start` and `more` says no more (or four
+// durations have, or a signal came), the schedule's budget changes at their times.
 void follow_schedule(Runtime* rt, double duration_s, std::vector<std::pair<double, std::uint64_t>> schedule,
-                     Clock::time_point start) {
+                     Clock::time_point start, const std::function<bool()>& more) {
   size_t next_change = 0;
   std::sort(schedule.begin(), schedule.end());
   while (!g_interrupted.load()) {
     const double now_s = ms_since(start) / 1000;
-    if (now_s >= duration_s) break;
+    if (now_s >= duration_s && (now_s >= 4 * duration_s || !more())) break;
     double wake_s = duration_s;
     if (next_change < schedule.size()) {
       if (schedule[next_change].first <= now_s) {
@@ -520,7 +552,13 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   Clients clients(svc.rt.get(), setup, o.check, &log);
   clients.start();
   const auto start = Clock::now();
-  follow_schedule(svc.rt.get(), setup.s.duration_s, setup.schedule, start);
+  const int min_requests = setup.s.min_requests;
+  follow_schedule(svc.rt.get(), setup.s.duration_s, setup.schedule, start,
+                  [&] { return min_requests > 0 && !clients.enough(min_requests); });
+  if (min_requests > 0 && !clients.enough(min_requests)) {
+    std::fprintf(stderr, "swapnet: serve stopped at 4x the duration before every model had %d counted arrivals\n",
+                 min_requests);
+  }
   clients.stop();
   svc.watcher.reset();
   svc.control.reset();

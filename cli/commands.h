@@ -152,7 +152,7 @@ struct ServeOptions {
   double duration_s = 0;      // --duration: overrides the scenario's
   std::string policy;         // --policy: overrides the scenario's
   std::string scheduler;      // --scheduler threads|fifo|rr|sel|lst|heft: overrides the scenario's
-  int workers = 0;            // --workers: overrides the scenario's (0: the scenario's, else one per core)
+  int workers = 0;            // --workers: overrides the scenario's (0: the scenario's, else one)
   std::string budget;         // --budget: overrides the scenario's total (size or N%)
   std::string socket;         // --socket PATH for `swapnet ctl` (default default_control_path(); "none")
   std::string budget_source;  // --budget-source file:PATH | meminfo:RESERVE | cgroup:PATH
@@ -163,6 +163,9 @@ struct ServeOptions {
   bool check = true;          // compare every output with direct inference (--no-check: off)
   double period_scale = 1;    // --period-scale: every period (and jitter) times this; deadlines stay
   double slo_scale = 1;       // --slo-scale: every deadline times this
+  double load = 0;            // --load: overrides the scenario's (Note [Load and run rules] in serve_load.cpp)
+  double warmup_s = -1;       // --warmup S: overrides the scenario's warmup_s
+  int min_requests = -1;      // --min-requests N: overrides the scenario's
   std::string trace;          // --trace FILE.json: the models' timelines (Note [Tracing] in swapcore)
   int learn = 0;              // --learn N: ExecutorOptions::learn_after of every model
   std::string learn_store;    // --learn-store DIR: each model's learned costs kept in DIR/NAME.learned.json

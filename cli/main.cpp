@@ -237,7 +237,7 @@ CLI::App* add_serve(CLI::App& app, Args& a) {
                     "(disk-aware: blocks in memory first) (overrides the scenario's; default: lst where the scenario has "
                     "deadlines, else threads)");
   serve->add_option("--workers", a.so.workers, "a central scheduler's workers: blocks run at once (overrides the "
-                    "scenario's; default one per core)")->check(CLI::Range(1, 1024));
+                    "scenario's; default one, on every core)")->check(CLI::Range(1, 1024));
   serve->add_option("--budget", a.so.budget, "total budget: size or N% of the models' size (overrides the scenario's)");
   serve->add_option("--socket", a.so.socket, "control socket for `swapnet ctl` (default $XDG_RUNTIME_DIR/swapnet/serve.sock or /tmp/swapnet-UID/serve.sock; none: no socket)");
   serve->add_option("--budget-source", a.so.budget_source, "watch the total budget: file:PATH | meminfo:RESERVE | cgroup:PATH");
@@ -248,6 +248,18 @@ CLI::App* add_serve(CLI::App& app, Args& a) {
       ->check(CLI::PositiveNumber);
   serve->add_option("--slo-scale", a.so.slo_scale, "multiply every deadline (slo_ms of models and groups)")
       ->check(CLI::PositiveNumber);
+  serve->add_option("--load", a.so.load,
+                    "scale every period and deadline so that the models, run directly, would keep this share of "
+                    "the cores busy (latencies measured before the run; overrides the scenario's \"load\")")
+      ->check(CLI::Range(0.01, 10.0));
+  serve->add_option("--warmup", a.so.warmup_s,
+                    "seconds of arrivals not counted (default: the scenario's warmup_s, else two of its longest "
+                    "period, at most a fifth of the run)")
+      ->check(CLI::Range(0.0, 3600.0));
+  serve->add_option("--min-requests", a.so.min_requests,
+                    "run past the duration until every open-loop model has had N counted arrivals (at most 4x the "
+                    "duration)")
+      ->check(CLI::Range(0, 1000000));
   serve->add_option("--timeline", a.so.timeline, "write every request (time, model, latency, total budget) as CSV");
   serve->add_option("--trace", a.so.trace,
                     "write every model's timeline (layers, waits, reads, budget moves) as a Chrome trace JSON "

@@ -5,6 +5,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 
@@ -63,15 +65,34 @@ json parse_file(const std::string& path) {
   return j;
 }
 
-// The top level's own fields: name, total_budget, policy, scheduler, workers, duration_s.
+// A number field of the top level within [lo, hi], or `fallback` when absent.
+double number(const json& j, const Fields& f, const char* name, double lo, double hi, double fallback) {
+  if (!j.contains(name)) return fallback;
+  const json& v = j[name];
+  if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
+    throw Error(f.field(name) + ": " + v.dump() + " must be a number in [" + json(lo).dump() + ", " + json(hi).dump() + "]");
+  }
+  return v.get<double>();
+}
+
+// The load and the run rules (Note [Load and run rules] in serve_load.cpp).
+void read_run_rules(const json& j, const Fields& f, Scenario* s) {
+  s->load = number(j, f, "load", 0.01, 10, 0);
+  s->warmup_s = number(j, f, "warmup_s", 0, 3600, -1);
+  if (j.contains("min_requests")) s->min_requests = static_cast<int>(f.integer(j["min_requests"], "min_requests", 0, 1000000));
+}
+
+// The top level's own fields: name, total_budget, policy, scheduler, workers, duration_s, and
+// the run rules.
 void read_header(const json& j, const Fields& f, Scenario* s) {
   const std::string& path = f.path;
   if (!j.is_object()) throw Error(path + ": the scenario must be a JSON object");
-  static const std::set<std::string> known = {"name",   "total_budget", "policy",      "duration_s", "models",
-                                              "schedule", "description", "scheduler", "workers", "groups"};
+  static const std::set<std::string> known = {"name",     "total_budget", "policy",    "duration_s", "models",
+                                              "schedule", "description",  "scheduler", "workers",    "groups",
+                                              "load",     "warmup_s",     "min_requests", "budget_trace"};
   only_keys(j, path, "", known,
             " is not a scenario field (name, description, total_budget, policy, scheduler, workers, duration_s, "
-            "models, groups, schedule)");
+            "load, warmup_s, min_requests, models, groups, schedule, budget_trace)");
   try {
     s->name = j.value("name", std::string("scenario"));
     if (!j.contains("total_budget")) throw Error(f.field("total_budget") + " is missing");
@@ -84,6 +105,7 @@ void read_header(const json& j, const Fields& f, Scenario* s) {
     s->scheduler = j.value("scheduler", s->scheduler);
     if (j.contains("workers")) s->workers = static_cast<int>(f.integer(j["workers"], "workers", 1, 1024));
     s->duration_s = j.value("duration_s", s->duration_s);
+    read_run_rules(j, f, s);
   } catch (const json::exception& e) {
     throw Error(path + ": " + e.what());
   }
@@ -253,6 +275,78 @@ void read_schedule(const json& j, const Fields& f, Scenario* s) {
   }
 }
 
+// Note [Budget traces]
+// ~~~~~~~~~~~~~~~~~~~~
+// Besides "schedule" (budget steps at given times), "budget_trace" makes one: a sawtooth
+// {"sawtooth": {"high": "80%", "low": "50%", "period_s": 10, "steps": 5}} starts each period at
+// `high` and cuts it in `steps` equal steps down to `low` (memory pressure building up, then
+// released), for four times the longer of the duration and 600 s (a run may be given a
+// longer --duration, or go on past it for min_requests); a
+// replay {"replay": "pressure.csv"} takes the budget at each time from a file of "t_s,budget"
+// lines (a header line allowed; budgets as in total_budget; a relative path is next to the
+// scenario), e.g. recorded from /proc/meminfo on a device.
+constexpr size_t kMaxTraceSteps = 100000;
+
+void read_sawtooth(const json& t, const Fields& f, Scenario* s) {
+  const std::string at = "budget_trace.sawtooth";
+  if (!t.is_object() || !t.contains("high") || !t.contains("low") || !t.contains("period_s") ||
+      !t["high"].is_string() || !t["low"].is_string() || !t["period_s"].is_number() || !(t["period_s"].get<double>() > 0)) {
+    throw Error(f.field(at) + " must be {\"high\": BUDGET, \"low\": BUDGET, \"period_s\": S > 0, \"steps\": N}");
+  }
+  const int steps = t.contains("steps") ? static_cast<int>(f.integer(t["steps"], at + ".steps", 1, 1000)) : 4;
+  const double period = t["period_s"].get<double>();
+  const double horizon = 4 * std::max(s->duration_s, 600.0);  // --duration may be longer
+  if (period < 0.1 || horizon / period * (steps + 1) > kMaxTraceSteps) {
+    throw Error(f.field(at + ".period_s") + ": " + std::to_string(period) + " s with " + std::to_string(steps) +
+                " steps makes more than " + std::to_string(kMaxTraceSteps) + " budget changes (or is below 0.1 s)");
+  }
+  const std::string high = t["high"].get<std::string>(), low = t["low"].get<std::string>();
+  for (double p0 = 0; p0 < horizon; p0 += period) {
+    for (int k = 0; k <= steps; ++k) {
+      // Step k of `steps`: the fraction k/steps of the way from high to low, as a blend the
+      // runtime resolves ("high~low@x", see budget_value).
+      s->schedule.emplace_back(p0 + period * k / (steps + 1), k == 0 ? high : high + "~" + low + "@" + std::to_string(double(k) / steps));
+    }
+  }
+}
+
+void read_replay(const json& t, const Fields& f, Scenario* s) {
+  if (!t.is_string()) throw Error(f.field("budget_trace.replay") + " must be a file name");
+  std::string file = t.get<std::string>();
+  if (!file.empty() && file[0] != '/') {
+    const size_t slash = f.path.rfind('/');
+    file = (slash == std::string::npos ? std::string(".") : f.path.substr(0, slash)) + "/" + file;
+  }
+  std::ifstream in(file);
+  if (!in) throw Error(f.field("budget_trace.replay") + ": cannot read " + file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t comma = line.find(',');
+    if (line.empty() || (n == 1 && !line.empty() && !std::isdigit(static_cast<unsigned char>(line[0])))) continue;
+    double t_s = -1;
+    try {
+      t_s = comma == std::string::npos ? -1 : std::stod(line.substr(0, comma));
+    } catch (...) {
+    }
+    if (!(t_s >= 0)) {
+      throw Error(f.field("budget_trace.replay") + ": " + file + ":" + std::to_string(n) + ": '" + line +
+                  "' is not \"t_s,budget\" with t_s >= 0");
+    }
+    if (s->schedule.size() >= kMaxTraceSteps) {
+      throw Error(f.field("budget_trace.replay") + ": " + file + ": more than " + std::to_string(kMaxTraceSteps) + " lines");
+    }
+    s->schedule.emplace_back(t_s, line.substr(comma + 1));
+  }
+}
+
+void read_budget_trace(const json& j, const Fields& f, Scenario* s) {
+  if (!j.contains("budget_trace")) return;
+  const json& t = j["budget_trace"];
+  if (t.is_object() && t.size() == 1 && t.contains("sawtooth")) return read_sawtooth(t["sawtooth"], f, s);
+  if (t.is_object() && t.size() == 1 && t.contains("replay")) return read_replay(t["replay"], f, s);
+  throw Error(f.field("budget_trace") + " must be {\"sawtooth\": {...}} or {\"replay\": FILE} (Note [Budget traces])");
+}
+
 }  // namespace
 
 Scenario load_scenario(const std::string& path, const std::string& models_dir) {
@@ -263,10 +357,24 @@ Scenario load_scenario(const std::string& path, const std::string& models_dir) {
   read_models(j, f, models_dir, &s);
   read_groups(j, f, &s);
   read_schedule(j, f, &s);
+  read_budget_trace(j, f, &s);
   return s;
 }
 
 std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const std::string& what) {
+  // A sawtooth's step between two budgets (Note [Budget traces]): "A~B@x" is A + x (B - A).
+  const size_t tilde = text.find('~'), at = text.rfind('@');
+  if (tilde != std::string::npos && at != std::string::npos && at > tilde) {
+    const double a = static_cast<double>(budget_value(text.substr(0, tilde), whole, what));
+    const double b = static_cast<double>(budget_value(text.substr(tilde + 1, at - tilde - 1), whole, what));
+    double x = -1;
+    try {
+      x = std::stod(text.substr(at + 1));
+    } catch (...) {
+    }
+    if (!(x >= 0 && x <= 1)) throw Error(what + ": '" + text + "' is not a step between two budgets");
+    return static_cast<std::uint64_t>(a + x * (b - a));
+  }
   if (!text.empty() && text.back() == '%') {
     double pct = 0;
     try {

@@ -39,8 +39,14 @@ struct Scenario {
   std::string total;   // size or percentage
   std::string policy = "paper";
   std::string scheduler;  // empty: chosen (choose_defaults in cmd_serve.cpp)
-  int workers = 0;        // 0: one per core
+  int workers = 0;        // 0: chosen (Note [Serve's defaults]: one, on every core)
   double duration_s = 10;
+  // Note [Load and run rules] in serve_load.cpp: the load the periods are scaled to (0: as
+  // written), requests arriving before warmup_s not counted (-1: chosen), and the run going on
+  // past duration_s until every open-loop model has had min_requests counted arrivals.
+  double load = 0;
+  double warmup_s = -1;
+  int min_requests = 0;
   std::vector<ScenarioModel> models;
   std::vector<std::pair<double, std::string>> schedule;  // (at_s, budget)
   std::vector<ScenarioGroup> groups;

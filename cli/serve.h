@@ -17,9 +17,20 @@
 namespace swapnet {
 namespace cli {
 
+// The load the periods were scaled to (Note [Load and run rules] in serve_load.cpp).
+struct LoadInfo {
+  double target = 0;               // 0: the periods as written
+  double written = 0;              // the written periods' load
+  double scale = 1;                // every period, jitter and deadline times this
+  int cores = 0;
+  std::vector<double> direct_ms;   // per model: direct inference alone (0: not measured)
+};
+
 // The scenario with the command line's overrides, its images' facts, budgets in bytes, and the
 // inputs (with direct inference's outputs for them when outputs are checked).
 struct ServeSetup {
+  LoadInfo load;
+  double warmup_s = 0;  // arrivals before this are not counted
   Scenario s;
   std::vector<ImageInfo> infos;                            // per model, as its image records
   std::uint64_t total = 0;                                 // the initial total budget, bytes
@@ -43,6 +54,14 @@ struct Sample {
   std::uint64_t total;
 };
 
+// What became of one request.
+struct Outcome {
+  enum Fate { kAnswered, kDropped, kFailed, kUnanswered };
+  double arrival_s = 0;  // since the clients started
+  Fate fate = kAnswered;
+  double ms = 0;         // arrival to answer (answered ones)
+};
+
 // What the clients gathered, per model unless said (written under the clients' mutex).
 struct ServeLog {
   std::vector<std::vector<double>> lat;  // answered requests' latencies, ms
@@ -52,10 +71,23 @@ struct ServeLog {
   std::vector<double> max_diff;
   std::vector<std::uint64_t> dropped, sent, unanswered;
   std::vector<std::deque<Frame>> frames;  // per group
+  std::vector<std::vector<Outcome>> outcomes;  // every request's, in the order they ended
+  std::vector<std::uint64_t> counted;           // arrivals after the warm-up
   ServeLog(int models, size_t groups)
       : lat(models), equal(models, 1), diff(models), max_diff(models, 0), dropped(models, 0), sent(models, 0),
-        unanswered(models, 0), frames(groups) {}
+        unanswered(models, 0), frames(groups), outcomes(models), counted(models, 0) {}
 };
+
+// Direct (all in memory) inference of model m on `inputs`, on a thread with the model's
+// intra-op threads, as its worker (some kernels' results depend on the thread count); with
+// `timed_runs` > 0, that many more, the fastest one's time in *fastest_ms (serve_load.cpp).
+c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const std::vector<c10::IValue>& inputs,
+                          int timed_runs = 0, double* fastest_ms = nullptr);
+// Scales setup->s's periods, jitters and deadlines to its load from setup->load.direct_ms;
+// returns what it did, for serve to say.
+std::string apply_load(ServeSetup* setup);
+// The warm-up: the scenario's, else two of its longest period, at most a fifth of the run.
+double choose_warmup(const Scenario& s);
 
 // The results (--json, or the table), --trace and --timeline after the run that began at
 // `start`; the exit status: 1 where an output differed, a model went over its budget or an

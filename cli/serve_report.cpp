@@ -60,6 +60,48 @@ GroupScore group_score(const std::deque<Frame>& frames, double deadline_ms) {
   return g;
 }
 
+// Note [Counted requests and their score]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model's results count the requests that arrived after the warm-up (Note [Load and run
+// rules] in serve_load.cpp): slo_met is those answered by their deadline over all of them
+// (dropped, failed and unanswered ones count as missed), latency_ms their answered ones'
+// percentiles, and xrbench_score XRBench's real-time score as Puzzle uses it (Note [Group
+// makespan and score]) per request: mean RtScore x QoE, RtScore 0 for a request not answered.
+// The scenario's slo_met is over every counted request with a deadline, and its xrbench_score
+// the mean over the models with deadlines.
+struct Counted {
+  std::uint64_t requests = 0, met = 0, dropped = 0;
+  std::vector<double> ms;  // answered
+  double rt = 0;           // sum of RtScore
+  json slo_met() const { return requests ? json(double(met) / double(requests)) : json(nullptr); }
+  json score() const {
+    return requests ? json(rt / double(requests) * double(met) / double(requests)) : json(nullptr);
+  }
+};
+Counted counted(const std::vector<Outcome>& outcomes, double warmup_s, double slo_ms) {
+  Counted c;
+  for (const auto& o : outcomes) {
+    if (o.arrival_s < warmup_s) continue;
+    ++c.requests;
+    c.dropped += o.fate == Outcome::kDropped ? 1 : 0;
+    if (o.fate != Outcome::kAnswered) continue;
+    c.ms.push_back(o.ms);
+    if (slo_ms > 0) {
+      c.met += o.ms <= slo_ms ? 1 : 0;
+      c.rt += 1.0 / (1.0 + std::exp(std::min(50.0, 15.0 * (o.ms - slo_ms))));
+    }
+  }
+  return c;
+}
+
+json load_json(const ServeSetup& setup) {
+  const LoadInfo& l = setup.load;
+  if (!(l.target > 0)) return nullptr;
+  json direct = json::object();
+  for (size_t i = 0; i < setup.s.models.size(); ++i) direct[setup.s.models[i].rt.name] = l.direct_ms[i];
+  return {{"target", l.target}, {"written", l.written}, {"scale", l.scale}, {"cores", l.cores}, {"direct_ms", direct}};
+}
+
 // The run's own facts: the scenario, scheduler, budgets and time.
 json run_json(Runtime& rt, const ServeSetup& setup, Clock::time_point start, bool check) {
   const Scenario& s = setup.s;
@@ -76,6 +118,9 @@ json run_json(Runtime& rt, const ServeSetup& setup, Clock::time_point start, boo
   j["total_budget_bytes"] = rt.total_budget();
   j["initial_budget_bytes"] = setup.total;
   j["duration_s"] = ms_since(start) / 1000;
+  j["warmup_s"] = setup.warmup_s;
+  j["min_requests"] = s.min_requests;
+  j["load"] = load_json(setup);
   j["checked"] = check;
   return j;
 }
@@ -85,6 +130,7 @@ json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const
   const Scenario& s = setup.s;
   const ScenarioModel& sm = s.models[i];
   const Executor::Learning learned = rt.executor(i).learning();
+  const Counted k = counted(log.outcomes[i], setup.warmup_s, sm.slo_ms);
   json mj = {{"name", m.name},
              {"image", sm.rt.image},
              {"urgency", sm.rt.urgency},
@@ -99,18 +145,20 @@ json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const
              {"predicted_ms", m.predicted_ms},
              {"peak_model_bytes", m.peak_model_bytes},
              {"over_budget", m.over_budget},
-             {"latency_ms", {{"median", median(log.lat[i])}, {"p90", percentile(log.lat[i], 0.9)}, {"p99", percentile(log.lat[i], 0.99)}}},
+             {"latency_ms", {{"median", median(k.ms)}, {"p50", median(k.ms)}, {"p90", percentile(k.ms, 0.9)}, {"p99", percentile(k.ms, 0.99)}}},
              {"period_ms", sm.group >= 0 ? s.groups[static_cast<size_t>(sm.group)].period_ms : sm.period_ms},
              {"group", sm.group >= 0 ? json(s.groups[static_cast<size_t>(sm.group)].name) : json(nullptr)},
              {"slo_ms", sm.slo_ms},
-             {"slo_met", m.deadline_requests + (sm.slo_ms > 0 ? log.unanswered[i] : 0)
-                             ? json(double(m.deadline_met) /
-                                    double(m.deadline_requests + (sm.slo_ms > 0 ? log.unanswered[i] : 0)))
-                             : json(nullptr)},
+             {"slo_met", sm.slo_ms > 0 ? k.slo_met() : json(nullptr)},
+             {"xrbench_score", sm.slo_ms > 0 ? k.score() : json(nullptr)},
+             {"counted_requests", k.requests},
+             {"counted_dropped", k.dropped},
              {"deadline_requests", m.deadline_requests},
              {"unanswered", log.unanswered[i]},
              {"dropped", m.dropped},
              {"estimate_error", m.estimate_error},
+             {"estimate_time_error", m.estimate_time_error},
+             {"contention", m.contention},
              {"requests", log.lat[i].size()},
              {"rejected", m.rejected},
              {"failed", m.failed},
@@ -138,15 +186,22 @@ json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const
   return mj;
 }
 
-// Every deadline's fraction met: requests answered in time over those asked, unanswered ones
-// with a deadline counted as missed; null when none had a deadline.
-json slo_met_json(const ServeSetup& setup, const ServeLog& log, const std::vector<ModelStatus>& st, int n) {
+// Every counted request's deadline met, over the models with deadlines, and the mean of their
+// XRBench scores (Note [Counted requests and their score]); null when none had a deadline.
+void add_slo(const ServeSetup& setup, const ServeLog& log, json* j) {
   std::uint64_t met = 0, asked = 0;
-  for (int i = 0; i < n; ++i) {
-    met += st[i].deadline_met;
-    asked += st[i].deadline_requests + (setup.s.models[i].slo_ms > 0 ? log.unanswered[i] : 0);
+  double score = 0;
+  int scored = 0;
+  for (size_t i = 0; i < setup.s.models.size(); ++i) {
+    const double slo = setup.s.models[i].slo_ms;
+    if (!(slo > 0)) continue;
+    const Counted k = counted(log.outcomes[i], setup.warmup_s, slo);
+    met += k.met;
+    asked += k.requests;
+    if (k.requests) score += k.score().get<double>(), ++scored;
   }
-  return asked ? json(double(met) / double(asked)) : json(nullptr);
+  (*j)["slo_met"] = asked ? json(double(met) / double(asked)) : json(nullptr);
+  (*j)["xrbench_score"] = scored ? json(score / scored) : json(nullptr);
 }
 
 // Puzzle's periodic groups (Note [Group makespan and score]): j["groups"] and j["score"].
@@ -240,9 +295,12 @@ int serve_report(Runtime& rt, const ServeSetup& setup, ServeLog& log, Clock::tim
     peak_sum += st[i].peak_model_bytes;
   }
   j["peak_model_bytes_sum"] = peak_sum;
-  j["slo_met"] = slo_met_json(setup, log, st, n);
+  add_slo(setup, log, &j);
   add_groups(setup, log, st, &j);
   j["adaptations"] = adaptations_json(rt);
+  const MemoryUse mu = rt.memory_use();  // Note [The memory ledger]
+  j["memory"] = {{"peak_bytes", mu.peak_bytes}, {"over_byte_s", mu.over_byte_s}, {"over_s", mu.over_s},
+                 {"complying_byte_s", mu.complying_byte_s}};
   if (!o.trace.empty()) trace_write(o.trace).throw_if_error();
   if (!o.timeline.empty()) write_timeline(o.timeline, log.samples, st);
   if (c.json) {

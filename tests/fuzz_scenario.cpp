@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // What serve relies on once a scenario is read.
   check(!s.models.empty(), "it has no models");
   check(s.duration_s > 0, "its duration is not > 0");
-  check(s.workers >= 0, "it has fewer than zero workers (0: one per core, chosen by serve)");
+  check(s.workers >= 0, "it has fewer than zero workers (0: chosen by serve)");
   std::set<std::string> names;
   for (const auto& m : s.models) {
     check(names.insert(m.rt.name).second, "two models have one name");

@@ -60,6 +60,9 @@ def main() -> int:
             expect(m["peak_model_bytes"] <= m["full_bytes"], f"{m['name']}: peak above the whole model")
         a = j["adaptations"]
         expect(len(a) == 2 and all(x["took_ms"] >= 0 for x in a), f"adaptations {a}")
+        # Note [The memory ledger]: never above the budget in force, a peak measured.
+        mem = j["memory"]
+        expect(mem["over_byte_s"] == 0 and mem["peak_bytes"] > 0, f"memory ledger {mem}")
         expect(a and a[0]["budget_bytes"] < j["initial_budget_bytes"], "the first change cuts the budget")
         expect(sum(j["models"][i]["budget_bytes"] for i in range(2)) <= j["total_budget_bytes"], "budgets sum")
         print(json.dumps({"models": [{k: m[k] for k in ("name", "budget_bytes", "blocks", "latency_ms", "requests")}
@@ -143,8 +146,8 @@ def main() -> int:
         expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), f"{sched}: slo run outputs and budgets")
         expect(j["dispatch_us"] > 0, "dispatch time measured")
 
-    # Note [Serve's defaults]: periods and deadlines only: lst, one worker per core, the cores over
-    # the workers as intra-op threads, said on stderr; --workers overrides.
+    # Note [Serve's defaults]: periods and deadlines only: lst, one worker with every core as its
+    # intra-op threads, said on stderr; --workers overrides (the cores over the workers).
     cores = len(os.sched_getaffinity(0))
     path = scenario("slo_defaults", duration_s=2,
                     models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "slo_ms": 80},
@@ -153,12 +156,52 @@ def main() -> int:
     expect(rc == 0, f"serve slo_defaults exit {rc}: {err}")
     if rc == 0:
         j = json.loads(out)
-        expect(j["scheduler"] == "lst" and j["workers"] == cores and all(m["threads"] == 1 for m in j["models"]),
+        expect(j["scheduler"] == "lst" and j["workers"] == 1 and all(m["threads"] == cores for m in j["models"]),
                f"defaults: scheduler {j['scheduler']}, workers {j['workers']} (cores {cores}), "
                f"threads {[m['threads'] for m in j['models']]}")
-        expect("serve chose scheduler lst" in err and f"{cores} worker" in err, f"defaults said: {err!r}")
-    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check", "--workers", "1", "--duration", "1")
-    expect(rc == 0 and json.loads(out)["workers"] == 1 and f"{cores} worker" not in err, f"--workers 1: rc {rc}: {err!r}")
+        expect("serve chose scheduler lst" in err and f"1 worker (a block at a time, on all {cores} cores)" in err,
+               f"defaults said: {err!r}")
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check", "--workers", "2", "--duration", "1")
+    j = json.loads(out) if rc == 0 else {}
+    expect(rc == 0 and j["workers"] == 2 and all(m["threads"] == max(1, cores // 2) for m in j["models"])
+           and "1 worker" not in err, f"--workers 2: rc {rc}: {err!r}")
+
+    # Note [Load and run rules]: --load scales the periods to the machine (direct latencies
+    # measured first, said on stderr), a warm-up not counted; Note [Budget traces]: a sawtooth of
+    # cuts, the ledger never above the budget in force.
+    path = scenario("load_saw", duration_s=3, warmup_s=1, total_budget="90%",
+                    models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "slo_ms": 40},
+                            {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 20, "slo_ms": 40}],
+                    budget_trace={"sawtooth": {"high": "90%", "low": "60%", "period_s": 1, "steps": 2}})
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--load", "0.5")
+    expect(rc == 0, f"serve load_saw exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        load = j["load"]
+        expect(load and load["target"] == 0.5 and all(v > 0 for v in load["direct_ms"].values()), f"load {load}")
+        expect("measured direct latencies" in err and "load 0.50" in err, f"load said: {err!r}")
+        if load:
+            # The periods keep their 2:1 ratio, scaled to the load; deadlines with them.
+            r18, mv2 = j["models"]
+            expect(abs(r18["period_ms"] / mv2["period_ms"] - 2) < 1e-6 and abs(r18["period_ms"] - 40 * load["scale"]) < 1e-6,
+                   f"scaled periods {r18['period_ms']} {mv2['period_ms']} (x{load['scale']})")
+            expect(abs(r18["slo_ms"] - r18["period_ms"]) < 1e-6, f"deadline {r18['slo_ms']} with its period")
+        expect(j["warmup_s"] == 1 and all(m["counted_requests"] < m["deadline_requests"] + m["unanswered"] for m in j["models"]),
+               f"warm-up not counted: {[(m['counted_requests'], m['deadline_requests']) for m in j['models']]}")
+        expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), "load_saw outputs and budgets")
+        expect(len(j["adaptations"]) >= 4 and j["memory"]["over_byte_s"] == 0,
+               f"sawtooth: {len(j['adaptations'])} changes, memory {j['memory']}")
+        expect(0 <= j["xrbench_score"] <= j["slo_met"] <= 1, f"xrbench {j['xrbench_score']} slo {j['slo_met']}")
+    for fields, want in (({"load": 0}, "field 'load'"), ({"warmup_s": -1}, "field 'warmup_s'"),
+                         ({"budget_trace": {"sawtooth": {"high": "90%"}}}, "budget_trace.sawtooth"),
+                         ({"budget_trace": {"replay": "missing.csv"}}, "cannot read"),
+                         ({"budget_trace": {"square": 1}}, "field 'budget_trace'")):
+        rc, _, err = run(cli, "serve", scenario("bad_rules", **fields), "--socket", "none")
+        expect(rc != 0 and want in err, f"serve {fields}: rc {rc}: {err!r}")
+    with open(os.path.join(work, "pressure.csv"), "w") as f:
+        f.write("t_s,budget\n0.5,60%\nlater,70%\n")
+    rc, _, err = run(cli, "serve", scenario("bad_replay", budget_trace={"replay": "pressure.csv"}), "--socket", "none")
+    expect(rc != 0 and "pressure.csv:3" in err, f"serve replay with a bad line: rc {rc}: {err!r}")
 
     # A periodic group (Puzzle): both models get every frame; makespan, QoE and score per group,
     # under Band's HEFT. The deadline generous, then impossible (--slo-scale), then half the load.

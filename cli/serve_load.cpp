@@ -1,0 +1,140 @@
+// swapnet serve's load and run rules: direct inference of each model before the run (the
+// reference outputs, and its latency alone), the periods scaled to the scenario's load on the
+// machine at hand, and the warm-up chosen (Note [Load and run rules]).
+//
+// Note [Load and run rules]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A scenario's periods written in milliseconds mean a different load on every machine, and on
+// this VM on every day: self_driving_slo.json, calibrated at 92 % busy on one day, met 0 of its
+// deadlines under `threads` on a slower one. A scenario (or --load) may instead state its load:
+// the share of time the machine would be busy serving its requests one at a time, each by
+// direct inference on all its cores,
+//   load = sum over streams of (sum over the stream's models of latency) / period,
+// latencies measured by serve before the run (the fastest of three direct inferences after a
+// first, with one intra-op thread per core: what the machine can do; this VM's speed drifts by
+// 40 % from one minute to the next, and a median taken in a slow spell made yolov3 654 ms where
+// it then ran in 360). Not the sum of one-thread latencies over the
+// cores: this VM's two vCPUs run two one-thread inferences each about 2x slower than alone
+// (the contention serve's estimates learn), so "0.9 of two cores" by one-thread latencies was
+// 1.8 of what the machine can do, and every policy failed. Every period, jitter and deadline is scaled
+// by one factor so that the written ones' load becomes the one asked: the scenario's periods
+// give the streams' ratios and its deadlines their ratio to the periods. serve prints the
+// latencies, the factor and the periods (stderr; "load" in --json).
+// Run rules, after MLPerf's: requests arriving in the first warmup_s seconds are not counted
+// (the schedulers' estimates and the page cache settle; default: two of the longest period, at
+// most a fifth of the run); the run goes on past duration_s until every open-loop model has had
+// min_requests counted arrivals (at most four times duration_s; said when it stops short), and
+// arrivals' jitter comes from fixed seeds (one per stream), so two runs ask the same.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "inputs.h"
+#include "serve.h"
+
+namespace swapnet {
+namespace cli {
+
+c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const std::vector<c10::IValue>& inputs,
+                          int timed_runs, double* fastest_ms) {
+  c10::IValue out;
+  std::exception_ptr failed;
+  std::thread([&] {
+    try {
+      at::internal::lazy_init_num_threads();
+      at::set_num_threads(m.rt.threads);
+      c10::InferenceMode g;
+      const bool cuda = m.device == "cuda";
+      InMemory direct(m.rt.image, info, cuda);
+      auto once = [&] {
+        std::vector<c10::IValue> in = clone_inputs(inputs);
+        if (cuda) inputs_to_cuda(&in);  // as the executor moves them
+        return direct.sk.forward(std::move(in));
+      };
+      out = once();
+      std::vector<double> ms;
+      for (int k = 0; k < timed_runs; ++k) {
+        const auto t = Clock::now();
+        (void)once();
+        ms.push_back(ms_since(t));
+      }
+      if (fastest_ms && !ms.empty()) *fastest_ms = *std::min_element(ms.begin(), ms.end());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }).join();
+  if (failed) std::rethrow_exception(failed);
+  return out;
+}
+
+namespace {
+
+// The load the scenario's streams put on the machine with these (whole-machine) latencies.
+double load_of(const Scenario& s, const std::vector<double>& direct_ms) {
+  double busy = 0;  // machine-ms per ms
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    const ScenarioModel& m = s.models[i];
+    if (m.group < 0 && m.period_ms > 0) busy += direct_ms[i] / m.period_ms;
+  }
+  for (const auto& g : s.groups) {
+    double ms = 0;
+    for (int i : g.members) ms += direct_ms[static_cast<size_t>(i)];
+    if (g.period_ms > 0) busy += ms / g.period_ms;
+  }
+  return busy;
+}
+
+}  // namespace
+
+std::string apply_load(ServeSetup* setup) {
+  Scenario& s = setup->s;
+  LoadInfo& l = setup->load;
+  l.target = s.load;
+  l.cores = usable_cores();
+  l.written = load_of(s, l.direct_ms);
+  if (!(l.written > 0)) throw Error("serve: a load (" + std::to_string(s.load) + ") needs models or groups with period_ms");
+  l.scale = l.written / l.target;
+  for (auto& m : s.models) {
+    m.period_ms *= l.scale;
+    m.jitter_ms *= l.scale;
+    m.slo_ms *= l.scale;
+  }
+  for (auto& g : s.groups) {
+    g.period_ms *= l.scale;
+    g.jitter_ms *= l.scale;
+    g.slo_ms *= l.scale;
+  }
+  char buf[160];
+  std::string said = "measured direct latencies (ms, one request on all " + std::to_string(l.cores) + " cores):";
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    std::snprintf(buf, sizeof buf, " %s %.0f", s.models[i].rt.name.c_str(), l.direct_ms[i]);
+    said += buf;
+  }
+  std::snprintf(buf, sizeof buf, "; load %.2f (written %.2f): periods and deadlines x%.3f:", l.target, l.written,
+                l.scale);
+  said += buf;
+  for (const auto& m : s.models) {
+    if (m.group >= 0 || m.period_ms <= 0) continue;
+    std::snprintf(buf, sizeof buf, " %s every %.0f ms, due in %.0f", m.rt.name.c_str(), m.period_ms, m.slo_ms);
+    said += buf;
+  }
+  for (const auto& g : s.groups) {
+    std::snprintf(buf, sizeof buf, " group %s every %.0f ms, due in %.0f", g.name.c_str(), g.period_ms, g.slo_ms);
+    said += buf;
+  }
+  return said;
+}
+
+double choose_warmup(const Scenario& s) {
+  if (s.warmup_s >= 0) return s.warmup_s;
+  double longest = 0;
+  for (const auto& m : s.models) longest = std::max(longest, m.period_ms);
+  for (const auto& g : s.groups) longest = std::max(longest, g.period_ms);
+  return std::min(2 * longest / 1000, s.duration_s / 5);
+}
+
+}  // namespace cli
+}  // namespace swapnet
