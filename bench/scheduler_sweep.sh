@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
-# Deadline scheduling vs load and vs deadline (issue 16's benchmark): scheduler/scenarios/
-# self_driving_slo.json served under every scheduler, with the periods scaled (--period-scale:
-# x2 is half the load, x0.5 twice it; deadlines stay) and the deadlines scaled (--slo-scale, at
-# the scenario's load), at host speed and with the image's disk throttled (bench/throttle.sh).
-# Rounds interleave: each round runs every point and scheduler once, schedulers in a rotating
-# order, so the VM's drift spreads over all of them. Then the periodic groups scenario
-# (self_driving_groups.json, Puzzle's makespan / QoE / score) under every scheduler at host speed.
-#   bench/scheduler_sweep.sh [--duration S] [--rounds N] [--schedulers "threads fifo rr sel lst heft"]
-#                            [--period-scales "2 1 0.5"] [--slo-scales "0.5 2"] [--rates "host 400MB/s"]
-#                            [--no-groups] [--tag NAME]
+# Deadline scheduling vs load (issue 48's benchmark): each SLO scenario served at loads stated
+# relative to this machine (swapnet serve --load: periods derived from the models' direct
+# latencies measured at start, Note [Load and run rules] in cli/serve_load.cpp), by every
+# variant, at host speed and with the images' disk throttled (bench/throttle.sh), under the
+# scenario's run rules (warm-up not counted, a minimum of requests, fixed seeds). Then the budget
+# traces (steps, a sawtooth, a replayed trace of memory pressure) under the default scheduler:
+# budget violations (bytes x seconds above the budget) and the time to comply after each cut.
+# Rounds interleave: each round runs every point and variant once, variants in a rotating order,
+# so the VM's drift spreads over all of them.
+#   bench/scheduler_sweep.sh [--duration S] [--rounds N] [--scenarios "self_driving_slo two_rates"]
+#                            [--loads "0.5 0.75 0.9 1.2 1.5"] [--variants "threads lst threads/mem"]
+#                            [--rates "host 1GB/s"] [--min-requests N] [--no-traces] [--tag NAME]
+# A variant is a scheduler (threads, lst, heft, ...; "default": what serve chooses) with
+# optional suffixes: /mem (every model in memory: a budget of 1000 %, the baseline without
+# swapping where it fits), /wN (N workers; intra-op threads the cores over them).
 # Writes bench/results/scheduler_sweep[_NAME].csv (a row per run and model, and "all"),
-# scheduler_sweep[_NAME]_groups.csv, scheduler_sweep[_NAME].md (medians over rounds) and
-# scheduler_sweep[_NAME].png (gnuplot: slo_met vs load per scheduler, one panel per rate).
-# A scheduler "X+io" is X made disk-aware (docs/scheduler.md); the table puts it next to X:
-#   bench/scheduler_sweep.sh --schedulers "lst lst+io" --period-scales 1 --slo-scales "" \
-#     --rounds 4 --no-groups --tag io
+# scheduler_sweep[_NAME]_traces.csv, scheduler_sweep[_NAME].md (medians over rounds) and
+# scheduler_sweep[_NAME].png (gnuplot: slo_met vs load per variant, a panel per scenario and rate).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-duration=20 rounds=1 schedulers="threads fifo rr sel lst heft" pscales="2 1 0.5" sscales="0.5 2" rates="host 400MB/s"
-groups=1 tag=""
+duration=30 rounds=1 scenarios="self_driving_slo two_rates" loads="0.5 0.75 0.9 1.2 1.5" minreq=""
+variants="threads default threads/mem" rates="host 1GB/s" traces=1 tag=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    --schedulers) schedulers=$2; shift 2 ;;
-    --period-scales) pscales=$2; shift 2 ;;
-    --slo-scales) sscales=$2; shift 2 ;;
+    --scenarios) scenarios=$2; shift 2 ;;
+    --loads) loads=$2; shift 2 ;;
+    --variants) variants=$2; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
-    --no-groups) groups=0; shift ;;
+    --no-traces) traces=0; shift ;;
+    --min-requests) minreq=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
     *) echo "bench/scheduler_sweep.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -36,67 +39,82 @@ bash "$repo/scripts/setup.sh" --bench >/dev/null
 pack_paper_models
 scen=$repo/scheduler/scenarios
 name=scheduler_sweep${tag:+_$tag}
-csv=$out/$name.csv gcsv=$out/${name}_groups.csv
-echo "round,rate,scheduler,period_scale,slo_scale,model,slo_met,dropped,requests,latency_median_ms,latency_p90_ms,estimate_error,dispatch_us,over_budget,equal" >"$csv"
-points=""
-for p in $pscales; do points+=" $p:1"; done
-for q in $sscales; do points+=" 1:$q"; done
-read -r -a sched <<<"$schedulers"
-run_one() {  # round rate scheduler period_scale slo_scale
-  local r=$1 rate=$2 s=$3 p=$4 q=$5 f
-  f=$(mktemp)
-  echo "== round $r, $rate, $s, period x$p, deadline x$q" >&2
-  bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$cli" serve "$scen/self_driving_slo.json" \
-    --models "$models" --duration "$duration" --socket none --json --scheduler "$s" \
-    --period-scale "$p" --slo-scale "$q" >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($rate $s $p $q)" >&2
-  /usr/bin/python3 - "$f" "$r" "$rate" "$s" "$p" "$q" >>"$csv" <<'PY'
+csv=$out/$name.csv tcsv=$out/${name}_traces.csv
+echo "round,rate,scenario,variant,load,model,slo_met,xrbench_score,dropped,requests,p50_ms,p99_ms,estimate_error,estimate_time_error,contention,over_budget,over_byte_s,equal,scheduler,workers,threads" >"$csv"
+read -r -a var <<<"$variants"
+# The serve options of a variant.
+variant_args() {
+  local v=$1 s args=()
+  s=${v%%/*}
+  [ "$s" != default ] && args+=(--scheduler "$s")
+  case "$v" in */mem*) args+=(--budget 1000%) ;; esac
+  if [[ "$v" =~ /w([0-9]+) ]]; then args+=(--workers "${BASH_REMATCH[1]}"); fi
+  echo "${args[@]}"
+}
+summarize() {  # json round rate scenario variant load -> csv rows
+  /usr/bin/python3 - "$@" <<'PY'
 import json, sys
-f, r, rate, s, p, q = sys.argv[1:]
+f, r, rate, sc, v, load = sys.argv[1:]
 try:
     j = json.load(open(f))
 except Exception:
     sys.exit(0)
-row = lambda m, *v: print(",".join(str(x) for x in (r, rate, s, p, q, m, *v)))
-for m in j["models"]:
-    row(m["name"], m["slo_met"], m["dropped"], m["requests"], round(m["latency_ms"]["median"], 1),
-        round(m["latency_ms"]["p90"], 1), round(m["estimate_error"], 3), "", m["over_budget"], m["equal"])
-row("all", j["slo_met"], sum(m["dropped"] for m in j["models"]), sum(m["requests"] for m in j["models"]), "", "",
-    "", round(j["dispatch_us"], 2), sum(m["over_budget"] for m in j["models"]), all(m["equal"] for m in j["models"]))
+row = lambda m, *x: print(",".join(str(y) for y in (r, rate, sc, v, load, m, *x)))
+ms = j["models"]
+for m in ms:
+    row(m["name"], m["slo_met"], m["xrbench_score"], m["counted_dropped"], m["counted_requests"],
+        round(m["latency_ms"]["p50"], 1), round(m["latency_ms"]["p99"], 1), round(m["estimate_error"], 3),
+        round(m["estimate_time_error"], 3), round(m["contention"], 3), m["over_budget"], "", m["equal"],
+        j["scheduler"], j["workers"], m["threads"])
+row("all", j["slo_met"], j["xrbench_score"], sum(m["counted_dropped"] for m in ms), sum(m["counted_requests"] for m in ms),
+    "", "", "", "", "", sum(m["over_budget"] for m in ms), j["memory"]["over_byte_s"], all(m["equal"] for m in ms),
+    j["scheduler"], j["workers"], "")
 PY
-  rm -f "$f"
 }
 k=0
 for r in $(seq 1 "$rounds"); do
   for rate in $rates; do
-    for pt in $points; do
-      # Rotate the schedulers' order from point to point.
-      n=${#sched[@]}
-      for i in $(seq 0 $((n - 1))); do
-        run_one "$r" "$rate" "${sched[$(((i + k) % n))]}" "${pt%%:*}" "${pt##*:}"
+    for sc in $scenarios; do
+      for load in $loads; do
+        n=${#var[@]}
+        for i in $(seq 0 $((n - 1))); do  # the variants' order rotates from point to point
+          v=${var[$(((i + k) % n))]}
+          echo "== round $r, $rate, $sc, load $load, $v" >&2
+          f=$(mktemp)
+          # shellcheck disable=SC2046
+          bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$cli" serve "$scen/$sc.json" \
+            --models "$models" --duration "$duration" --socket none --json --load "$load" $(variant_args "$v") \
+            ${minreq:+--min-requests "$minreq"} \
+            >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($rate $sc $load $v)" >&2
+          summarize "$f" "$r" "$rate" "$sc" "$v" "$load" >>"$csv"
+          rm -f "$f"
+        done
+        k=$((k + 1))
       done
-      k=$((k + 1))
     done
   done
 done
-if [ "$groups" = 1 ]; then
-  echo "round,scheduler,group,frames,complete,makespan_median_ms,makespan_p90_ms,qoe,score,slo_met,equal,over_budget" >"$gcsv"
+if [ "$traces" = 1 ]; then
+  echo "round,trace,scenario,slo_met,changes,took_ms_median,took_ms_max,over_byte_s,complying_byte_s,peak_bytes,over_budget,equal" >"$tcsv"
   for r in $(seq 1 "$rounds"); do
-    for s in "${sched[@]}"; do
-      echo "== groups, round $r, $s" >&2
+    for t in self_driving_slo_cuts self_driving_slo_sawtooth self_driving_slo_pressure; do
+      echo "== budget trace $t, round $r" >&2
       f=$(mktemp)
-      "$cli" serve "$scen/self_driving_groups.json" --models "$models" --duration "$duration" --socket none --json \
-        --scheduler "$s" >"$f" || echo "bench/scheduler_sweep.sh: serve groups exit $? ($s)" >&2
-      /usr/bin/python3 - "$f" "$r" "$s" >>"$gcsv" <<'PY'
-import json, sys
-f, r, s = sys.argv[1:]
+      "$cli" serve "$scen/$t.json" --models "$models" --duration "$duration" --socket none --json --load 0.9 \
+        >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($t)" >&2
+      /usr/bin/python3 - "$f" "$r" "$t" >>"$tcsv" <<'PY'
+import json, statistics, sys
+f, r, t = sys.argv[1:]
 try:
     j = json.load(open(f))
 except Exception:
     sys.exit(0)
-for g in j["groups"]:
-    print(",".join(str(x) for x in (r, s, g["name"], g["frames"], g["complete"], round(g["makespan_ms"]["median"], 1),
-          round(g["makespan_ms"]["p90"], 1), round(g["qoe"], 3), round(g["score"], 3), j["slo_met"],
-          all(m["equal"] for m in j["models"]), sum(m["over_budget"] for m in j["models"]))))
+took = [a["took_ms"] for a in j["adaptations"] if a["took_ms"] >= 0]
+mem = j["memory"]
+print(",".join(str(x) for x in (r, t, j["scenario"], j["slo_met"], len(j["adaptations"]),
+      round(statistics.median(took), 1) if took else "", round(max(took), 1) if took else "",
+      mem["over_byte_s"], round(mem["complying_byte_s"]), mem["peak_bytes"],
+      sum(m["over_budget"] for m in j["models"]), all(m["equal"] for m in j["models"]))))
 PY
       rm -f "$f"
     done
