@@ -17,8 +17,11 @@
 // another's always waits, and is dropped wholesale. Measured on 2026-11-27 (resnet101 every
 // 600 ms due in 600, beside yolov3, fcn_resnet101 and vgg19 at 1.2-1.8 s): resnet101, which
 // meets its deadline alone in 300 ms, met 10-14 % of them. The rule we chose is a minimum
-// share: a model that met fewer than kFloor (20 %) of its recent deadlines (an EWMA over its
-// requests, alpha 0.1) goes before the others while it can still meet its deadline. It costs
+// share: a model that met fewer than kFloor (30 %) of its recent deadlines (an EWMA over its
+// requests, alpha 0.1) goes before the others while it can still meet its deadline. A model
+// held at the floor hovers around it (it goes first, meets one, is above the floor, waits, is
+// dropped, ...): with a floor of 20 % yolov3 met 13 % of 15 requests in self_driving_slo.json
+// at load 1.2 (2026-11-27), so the floor is set above the 20 % we promise. It costs
 // the other models at most that share of their turns, and only while the model is starved; a
 // model that cannot meet its deadline even alone is still dropped (its slack is negative).
 // Puzzle's group QoE needs groups, and degrading a model is not ours to do (lossless).
@@ -175,7 +178,7 @@ class LeastSlack : public DispatchPolicy {
     std::sort(d.drop.begin(), d.drop.end());
     return d;
   }
-  static constexpr double kFloor = 0.2;
+  static constexpr double kFloor = 0.3;
 
  private:
   int workers_;
