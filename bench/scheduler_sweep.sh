@@ -100,7 +100,8 @@ if [ "$traces" = 1 ]; then
     for t in self_driving_slo_cuts self_driving_slo_sawtooth self_driving_slo_pressure; do
       echo "== budget trace $t, round $r" >&2
       f=$(mktemp)
-      "$cli" serve "$scen/$t.json" --models "$models" --duration "$duration" --socket none --json --load 0.9 \
+      # The trace's own duration (60 s: Fig. 18's cuts are at 20 s and 40 s).
+      "$cli" serve "$scen/$t.json" --models "$models" --socket none --json --load 0.9 \
         >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($t)" >&2
       /usr/bin/python3 - "$f" "$r" "$t" >>"$tcsv" <<'PY'
 import json, statistics, sys
