@@ -8,7 +8,9 @@
 //                "threads": 1, "cpus": [0], "rate_hz": 0, "input_shape": ["1,3,416,416"]}, ...],
 //    "schedule": [{"at_s": 10, "budget": "60%"}]}
 // Deadlines: "scheduler": "lst" (or threads, fifo, rr, sel; default lst where there are deadlines),
-// "workers" (default one per core: Note [Serve's defaults]), and per model
+// "workers" (default one, on every core: Note [Serve's defaults]), "load", "warmup_s" and
+// "min_requests" (Note [Load and run rules] in serve_load.cpp), "budget_trace"
+// (Note [Budget traces] in scenario.cpp), and per model
 // "period_ms" (open-loop arrivals at that period: a request arrives whether or not the last one
 // is done), "jitter_ms" (each arrival moved by up to that much, uniformly), "slo_ms" (deadline
 // after arrival). Results add slo_met (fraction of requests with a deadline finished by it;
