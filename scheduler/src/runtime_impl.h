@@ -77,6 +77,9 @@ struct Worker {
   Clock::time_point granted{};
   double busy_at_grant = 0;
   double expected_next = 0;
+  // Executor::PipelineStats::read_wait_ms after the inference's last step (-1: not read yet), so
+  // a block's wait costs one read of the stats, not two.
+  double read_wait_ms = -1;
   // Under the runtime's lock, between steps: the expected times of the next block, of the rest
   // (next block included) and of the block after the next (0: none), each run beside `others`
   // other blocks.

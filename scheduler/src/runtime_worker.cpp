@@ -111,6 +111,7 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
     x.exec->reset_weight_peak();
     reset_cpu_account_peak(x.account);
     s.base = cpu_account(x.account).current;
+    x.read_wait_ms = -1;  // read again at the first block (run_block)
     x.exec->begin(std::move(r.inputs));
     while (!run_block(i, r, lk, s)) {
       note_use(i, s, lk);
@@ -153,7 +154,8 @@ bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::
     }
   }
   const Clock::time_point started = Clock::now();
-  const double waited = central ? x.exec->pipeline_stats().read_wait_ms : 0;
+  // The executor's read wait so far: after this inference's last step, or read now (its first).
+  if (central && x.read_wait_ms < 0) x.read_wait_ms = x.exec->pipeline_stats().read_wait_ms;
   bool finished = false;
   try {
     finished = x.exec->step();
@@ -163,7 +165,10 @@ bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::
   }
   if (central) {
     const double ms = ms_between(started, Clock::now());
-    release(i, block, resident, ms, x.exec->pipeline_stats().read_wait_ms - waited, !finished, lk);
+    const double waited = x.exec->pipeline_stats().read_wait_ms;
+    const double wait_ms = waited - x.read_wait_ms;
+    x.read_wait_ms = waited;
+    release(i, block, resident, ms, wait_ms, !finished, lk);
   }
   return finished;
 }
