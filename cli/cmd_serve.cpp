@@ -306,8 +306,9 @@ class Clients {
     int group;
   };
 
-  void record(int i, c10::IValue out, Clock::time_point arrival);
-  void ended(int i, Outcome::Fate fate, Clock::time_point arrival);  // under mu_
+  // An answer `ms` after its arrival (the time taken when it came, not after waiting for mu_).
+  void record(int i, c10::IValue out, Clock::time_point arrival, double ms);
+  void ended(int i, Outcome::Fate fate, Clock::time_point arrival, double ms = 0);  // under mu_
   Clock::time_point grace_end();
   void arrive(const Stream& st);
   void stream(size_t k);
@@ -364,19 +365,20 @@ bool Clients::enough(int n) {
   return true;
 }
 
-void Clients::ended(int i, Outcome::Fate fate, Clock::time_point arrival) {
+void Clients::ended(int i, Outcome::Fate fate, Clock::time_point arrival, double ms) {
   log_->outcomes[i].push_back({std::chrono::duration<double>(arrival - start_).count(), fate,
-                               fate == Outcome::kAnswered ? ms_since(arrival) : 0});
+                               fate == Outcome::kAnswered ? ms : 0});
 }
 
-void Clients::record(int i, c10::IValue out, Clock::time_point arrival) {
-  const double ms = ms_since(arrival);
+void Clients::record(int i, c10::IValue out, Clock::time_point arrival, double ms) {
+  // Compared before taking mu_: another model's answer does not wait for this comparison.
+  Comparison cmp;
+  if (check_) cmp = compare_outputs(reference_[i], out);  // reads GPU tensors back itself
   std::lock_guard<std::mutex> lk(mu_);
-  ended(i, Outcome::kAnswered, arrival);
+  ended(i, Outcome::kAnswered, arrival, ms);
   log_->lat[i].push_back(ms);
   log_->samples.push_back({rt_->seconds(), i, ms, rt_->total_budget()});
-  if (check_) {  // compare_outputs reads GPU tensors back itself
-    Comparison cmp = compare_outputs(reference_[i], out);
+  if (check_) {
     if (!cmp.equal && log_->equal[i]) log_->diff[i] = cmp.difference;
     log_->equal[i] &= cmp.equal;
     log_->max_diff[i] = std::max(log_->max_diff[i], cmp.max_abs_diff);
@@ -398,11 +400,12 @@ void Clients::arrive(const Stream& st) {
   size_t frame = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    const bool counted = std::chrono::duration<double>(arrival - start_).count() >= warmup_s_;
     if (st.group >= 0) {
       frame = log_->frames[static_cast<size_t>(st.group)].size();
-      log_->frames[static_cast<size_t>(st.group)].push_back({static_cast<int>(st.members.size()), true, 0});
+      log_->frames[static_cast<size_t>(st.group)].push_back({static_cast<int>(st.members.size()), true, 0, counted});
     }
-    if (std::chrono::duration<double>(arrival - start_).count() >= warmup_s_) {
+    if (counted) {
       for (int i : st.members) ++log_->counted[i];
     }
   }
@@ -475,7 +478,7 @@ void Clients::collect(int i) {
     try {
       c10::IValue out = p.f.get();
       const double ms = ms_since(p.arrival);
-      record(i, std::move(out), p.arrival);
+      record(i, std::move(out), p.arrival, ms);
       std::lock_guard<std::mutex> lk(mu_);
       settle(group, p.frame, true, ms);
     } catch (const std::exception& e) {
@@ -510,7 +513,7 @@ void Clients::closed_loop(int i) {
     }
     try {
       c10::IValue out = rt_->submit(i, clone_inputs(inputs_[i]), deadline).get();
-      record(i, std::move(out), t0);
+      record(i, std::move(out), t0, ms_since(t0));
     } catch (const std::exception& e) {
       if (s_.models[i].slo_ms > 0) {
         std::lock_guard<std::mutex> lk(mu_);

@@ -44,6 +44,7 @@ struct Frame {
   int pending = 0;     // members not answered yet
   bool ok = true;      // every member answered (not dropped, failed or unanswered)
   double last_ms = 0;  // the last member's answer after the frame's arrival
+  bool counted = true; // arrived after the warm-up (Note [Counted requests and their score])
 };
 
 // One answered request, for --timeline.

@@ -23,6 +23,8 @@ using json = nlohmann::json;
 // makespan is the last member's finish minus the first member's start; we start the clock at the
 // frame's arrival (the request), so queueing counts, as a camera's consumer sees it. A frame
 // with a member dropped, failed or unanswered has no makespan (it counts as missed, RtScore 0).
+// Frames that arrive in the warm-up are not scored, as their members' requests are not counted:
+// a makespan and its members' latencies are then over the same frames.
 //   QoE      = frames whose makespan <= the deadline / frames
 //   RtScore  = 1 / (1 + exp(k (makespan - deadline))), k = 15 per millisecond (Puzzle's k with
 //              times in ms: 1 well before the deadline, 0.5 at it, ~0 a millisecond after)
@@ -37,6 +39,7 @@ GroupScore group_score(const std::deque<Frame>& frames, double deadline_ms) {
   std::vector<double> spans;
   double rt = 0, met = 0;
   for (const auto& f : frames) {
+    if (!f.counted) continue;  // warm-up frames, like warm-up requests, are not scored
     ++g.frames;
     if (!f.ok || f.pending > 0) continue;
     ++g.complete;
