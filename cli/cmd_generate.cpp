@@ -130,7 +130,7 @@ std::vector<c10::IValue> initial_state(const std::string& path, const Common& c,
                                        const ImageInfo& info) {
   std::vector<c10::IValue> state0;
   if (!o.state.empty()) {
-    state0 = make_inputs(o.state, c.seed + 1);
+    state0 = swapnet::make_inputs(o.state, c.seed + 1);
   } else {
     if (info.input_profiles.empty()) {
       throw Error(path + ": the image records no example input to take the initial state from: give --state SPEC");
@@ -220,7 +220,7 @@ double warm_up(const std::string& path, const GenerateOptions& o, const Forward&
 }
 
 // What the timed generation measured, and its check against the in-memory one.
-struct Outcome {
+struct GenerationOutcome {
   Generation g;
   std::uint64_t read0 = 0;         // bytes read before it
   std::uint64_t act_peak = 0;      // libtorch's peak above where it began
@@ -234,7 +234,7 @@ struct Outcome {
 
 // The timed generation, and what it took.
 void timed_generation(const std::string& path, const GenerateOptions& o, const ImageInfo& info, Backend& b,
-                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, Outcome* r) {
+                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, GenerationOutcome* r) {
   // Memory: the weights' peak (the executor's; the whole model in memory; naive's largest block
   // buffer) + what libtorch allocated at most since the generation began (activations, the
   // growing KV cache, naive's copies of the weights).
@@ -254,7 +254,7 @@ void timed_generation(const std::string& path, const GenerateOptions& o, const I
 
 // The reference: the same generation in memory (after the timed run: its memory is not counted).
 void check_generation(const std::string& path, const GenerateOptions& o, const ImageInfo& info,
-                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, Outcome* r) {
+                      const at::Tensor& prompt, const std::vector<c10::IValue>& state0, GenerationOutcome* r) {
   Generation ref;
   if (o.mode == "direct") {
     ref = r->g;
@@ -268,7 +268,7 @@ void check_generation(const std::string& path, const GenerateOptions& o, const I
 }
 
 json report_json(const std::string& path, const GenerateOptions& o, const ImageInfo& info, std::int64_t vocab,
-                 const Backend& b, const Outcome& r, double per_token_bytes) {
+                 const Backend& b, const GenerationOutcome& r, double per_token_bytes) {
   const Generation& g = r.g;
   double decode_ms = 0;
   for (size_t i = 1; i < g.call_ms.size(); ++i) decode_ms += g.call_ms[i];
@@ -310,7 +310,7 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
 }
 
 void report(const std::string& path, const Common& c, const GenerateOptions& o, const ImageInfo& info,
-            std::int64_t vocab, const Backend& b, const Outcome& r) {
+            std::int64_t vocab, const Backend& b, const GenerationOutcome& r) {
   const Generation& g = r.g;
   const int decoded = o.new_tokens - 1;
   const double per_token_bytes =
@@ -349,7 +349,7 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   const std::int64_t context = o.prompt_tokens + o.new_tokens - 1;  // tokens the last call's cache holds
 
   Backend b;
-  Outcome r;
+  GenerationOutcome r;
   drop_page_cache(path);
   page_cache_bytes(path, &r.cache_before).throw_if_error();
   open_backend(path, c, o, info, &b);
