@@ -139,7 +139,7 @@ stamp ctest
 # each made CPU tests time out (first run). Two passes: first the tests of what a GPU changes
 # (gpu.*, the preload, Python, run, serve, the executor's), then the rest; run 3 ran one pass in
 # number order, and its time ran out with the preload's and Python's tests not started.
-gpu_first='^gpu\.|^preload\.|^python\.|^run\.|^serve\.small$|^Executor\.'
+gpu_first='^gpu\.|^preload\.|^python\.|^run\.|^serve\.small$|^Executor(/|$)'
 ctest_pass() {  # NAME CAP ARGS...: one ctest pass, its log in $out/ctest-NAME.log
   local name=$1 cap=$2; shift 2
   [ "$cap" -gt 20 ] || { verdict "ctest $name" 1 "NOT RUN: out of device time"; return; }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One ctest test that runs a group of gtest tests in one process (Note [Unit tests in groups] in
+# tests/CMakeLists.txt): the binary's output as it is, its exit status if it failed; 77 (ctest's
+# SKIP_RETURN_CODE: the group shows as skipped, never as passed) if a test in it skipped.
+#   gtest_chunk.sh BINARY --gtest_filter=...
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+"$@" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || exit "$rc"
+if grep -q '^\[  SKIPPED \]' "$out"; then
+  echo "gtest_chunk.sh: a test of this group skipped (above): the group is reported as skipped"
+  exit 77
+fi
