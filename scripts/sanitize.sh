@@ -6,6 +6,7 @@
 # run the sanitized CLI (pack, run, plan, serve with its control socket). Any sanitizer report
 # makes that test fail (exitcode 66).
 #   scripts/sanitize.sh thread|address [-- CTEST_ARGS...]
+#   scripts/sanitize.sh fuzz     the fuzzers 5 minutes each (SWAPNET_FUZZ_SECONDS) and the TSan units
 # Not under it: the paper models (label `model`, too slow instrumented); the fuzzers and the
 # per-unit TSan builds (their own sanitizers, in every CI run); the package check; the tests that
 # run Debian's python3 (an uninstrumented interpreter cannot host the TSan runtime, and ASan must
@@ -19,9 +20,13 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 kind=${1:-}
 shift || true
 case "$kind" in
+  # The fuzzers' and the TSan units' long runs (the default test run gives each a few seconds):
+  # five minutes of fuzzing each, the long stress sizes (Note [Long test runs] in tests/test_util.h).
+  fuzz) exec env SWAPNET_FUZZ_SECONDS="${SWAPNET_FUZZ_SECONDS:-300}" SWAPNET_LONG_TESTS=1 SWAPNET_SKIP_PACKAGE=1 \
+          bash "$repo/scripts/test.sh" -- -L 'fuzz|tsan' "$@" ;;
   thread) build=${BUILD_DIR:-$repo/build-tsan}; sanitize=thread ;;
   address) build=${BUILD_DIR:-$repo/build-asan}; sanitize=address,undefined ;;
-  *) echo "sanitize.sh: say thread or address (then optionally -- CTEST_ARGS)" >&2; exit 2 ;;
+  *) echo "sanitize.sh: say thread, address or fuzz (then optionally -- CTEST_ARGS)" >&2; exit 2 ;;
 esac
 ctest_args=(-LE 'model|fuzz|tsan|gpu'
             -E '^(python\.module|preload\.(python|transparent)|package\..*|Executor\.AShrinkingBudgetGivesTheFreedHeapBack)$')
@@ -33,6 +38,7 @@ bash "$repo/scripts/models.sh" small bad zoo
 # call after it raced, in TSan's eyes, with our threads' earlier use (e.g. a tensor's last reference
 # dropped inside Executor::step while the caller had released its own). Interceptors called from
 # them are not checked; every access of swapnet's own code still is.
+export SWAPNET_LONG_TESTS=1  # the stress tests at their long sizes
 export TSAN_OPTIONS="suppressions=$repo/tests/sanitizers/tsan.supp ignore_noninstrumented_modules=1 exitcode=66 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 # verify_asan_link_order: the preload tests put the ASan-built preload library before the program's
 # own ASan runtime in LD_PRELOAD.

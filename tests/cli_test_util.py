@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 
 
 def test_env(cli):
@@ -16,7 +17,10 @@ def test_env(cli):
 def run(*args, env=None):
     """Runs a command (with `env`'s variables added to the test environment); returns (exit
     status, stdout, stderr)."""
+    t0 = time.monotonic()
     p = subprocess.run(list(args), capture_output=True, text=True, env={**test_env(args[0]), **(env or {})})
+    if os.environ.get("SWAPNET_TEST_COMMAND_TIMES"):  # where a test's time goes, command by command
+        print(f"[{time.monotonic() - t0:6.2f} s] {' '.join(os.path.basename(a) for a in args[:4])}", file=sys.stderr)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -5,8 +5,11 @@
 #   fuzz_image.sh CLANGXX SOURCE_DIR WORK_DIR SEED_IMAGE SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seed=$4 seconds=$5
+# SECONDS is the default run's (a few seconds); SWAPNET_FUZZ_SECONDS overrides it for a long run
+# (scripts/test.sh --long, scripts/sanitize.sh fuzz).
+seconds=${SWAPNET_FUZZ_SECONDS:-$seconds}
 mkdir -p "$work/corpus" "$work/seeds"
-"$clangxx" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"$clangxx" -std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/swapcore/include" "$src/tests/fuzz_image.cpp" "$src/swapcore/src/image.cpp" \
   "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" \
   -lxxhash -o "$work/fuzz_image"

@@ -6,10 +6,13 @@
 #   fuzz_scenario.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
+# SECONDS is the default run's (a few seconds); SWAPNET_FUZZ_SECONDS overrides it for a long run
+# (scripts/test.sh --long, scripts/sanitize.sh fuzz).
+seconds=${SWAPNET_FUZZ_SECONDS:-$seconds}
 mkdir -p "$work/corpus" "$work/seeds"
 # The parser and what it uses of swapcore; scheduler.h needs libtorch's headers (declarations
 # only: nothing of libtorch is linked).
-"$clangxx" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"$clangxx" -std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/swapcore/include" -I "$src/allocator/include" -I "$src/partitioner/include" \
   -I "$src/assembly/include" -I "$src/scheduler/include" -I "$src/cli" \
   -I /usr/include/torch/csrc/api/include -Wno-deprecated-declarations \

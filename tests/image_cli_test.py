@@ -4,8 +4,13 @@ pack -> check -> inspect (tables add up) -> verify --image (bit-identical to for
 one flipped data byte: check fails naming the layer, verify --image refuses -> truncated copy:
 check and inspect fail with "truncated" -> packing into a missing directory fails clearly.
 
+The damaged copies test the image format and its checks, the same code for every model: they
+run for the small models (convolutions, a traced module, recurrent layers), and the other
+families get pack, check, inspect and verify --image (docs/testing.md).
+
   image_cli_test.py SWAPNET_CLI MODEL.pt INPUT_SHAPE WORKDIR
 """
+DAMAGED_COPIES = {"synthetic", "resnet18", "mobilenet_v2", "resnet18_traced", "lstm", "gru"}
 import json
 import os
 import shutil
@@ -40,6 +45,9 @@ def main() -> int:
 
     rc, out, err = run(cli, "verify", model, "--image", img, "--input-shape", shape, "--json")
     expect(rc == 0 and json.loads(out)["equal"] is True, f"verify --image: {out} {err}")
+
+    if name not in DAMAGED_COPIES:
+        return checks.exit_status(name)
 
     # Flip one byte in the middle of the largest layer.
     big = max(ij["layers"], key=lambda l: l["size"])

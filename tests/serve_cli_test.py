@@ -10,6 +10,7 @@ a scenario whose minimums do not fit is refused with the numbers.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def main() -> int:
         return path
 
     # A run with the budget cut and restored.
-    path = scenario("cuts", schedule=[{"at_s": 1.5, "budget": "55%"}, {"at_s": 3, "budget": "90%"}])
+    path = scenario("cuts", duration_s=2.5, schedule=[{"at_s": 0.8, "budget": "55%"}, {"at_s": 1.6, "budget": "90%"}])
     timeline = os.path.join(work, "timeline.csv")
     trace = os.path.join(work, "trace.json")
     rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--timeline", timeline, "--trace", trace)
@@ -129,7 +130,7 @@ def main() -> int:
     expect(rc != 0 and "learn_after 1 is not 0 (never) or 3..1000" in err, f"serve --learn 1: rc {rc}: {err!r}")
 
     # Open-loop arrivals with deadlines under the central scheduler (lst).
-    path = scenario("slo", scheduler="lst", workers=1, duration_s=4,
+    path = scenario("slo", scheduler="lst", workers=1, duration_s=2.5,
                     models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40, "jitter_ms": 4, "slo_ms": 60},
                             {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 50, "slo_ms": 2}])
     for sched in ("lst", "lst+io"):  # and its disk-aware variant
@@ -140,7 +141,7 @@ def main() -> int:
         j = json.loads(out)
         expect(j["scheduler"] == sched and 0 <= j["slo_met"] <= 1, f"slo run: {j.get('scheduler')} {j.get('slo_met')}")
         r18, mv2 = j["models"]
-        expect(r18["deadline_requests"] + r18["unanswered"] >= 50, f"{sched}: r18 open-loop arrivals: {r18['deadline_requests']}")
+        expect(r18["deadline_requests"] + r18["unanswered"] >= 30, f"{sched}: r18 open-loop arrivals: {r18['deadline_requests']}")
         expect(mv2["dropped"] > 0 and mv2["slo_met"] < 0.5,
                f"{sched}: mv2's 2 ms deadline cannot be met: {mv2['slo_met']}, dropped {mv2['dropped']}")
         expect(all(m["equal"] and m["over_budget"] == 0 for m in j["models"]), f"{sched}: slo run outputs and budgets")
@@ -205,7 +206,7 @@ def main() -> int:
 
     # A periodic group (Puzzle): both models get every frame; makespan, QoE and score per group,
     # under Band's HEFT. The deadline generous, then impossible (--slo-scale), then half the load.
-    path = scenario("group", scheduler="heft", workers=1, duration_s=4,
+    path = scenario("group", scheduler="heft", workers=1, duration_s=2.5,
                     models=[{"name": "r18", "image": "resnet18.swapnet"}, {"name": "mv2", "image": "mobilenet_v2.swapnet"}],
                     groups=[{"name": "cam", "models": ["r18", "mv2"], "period_ms": 100, "slo_ms": 1500}])
     frames = {}
@@ -235,12 +236,12 @@ def main() -> int:
             expect(g["qoe"] == 0 and g["score"] < 0.01, f"group: a 0.75 ms deadline cannot be met: qoe {g['qoe']} score {g['score']}")
         print(json.dumps({"group": tag, **{k: g[k] for k in ("frames", "complete", "makespan_ms", "qoe", "score")}}))
     if "generous" in frames and "half load" in frames:
-        # ~40 frames in 4 s at 100 ms, ~20 at 200 ms.
-        expect(30 <= frames["generous"] <= 44 and 15 <= frames["half load"] <= 24, f"group frames vs period: {frames}")
+        # ~25 frames in 2.5 s at 100 ms, ~12 at 200 ms, less the warm-up's (two periods).
+        expect(17 <= frames["generous"] <= 26 and 8 <= frames["half load"] <= 13, f"group frames vs period: {frames}")
 
     # ctl against a running serve.
     sock = os.path.join(work, "ctl", "serve.sock")
-    path = scenario("ctl", duration_s=6)
+    path = scenario("ctl", duration_s=60)  # ended by SIGTERM when the ctl checks are done
     p = subprocess.Popen([cli, "serve", path, "--json", "--socket", sock], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=test_env(cli))
     for _ in range(200):
@@ -273,6 +274,7 @@ def main() -> int:
     expect(rc == 0 and "budget SIZE | status" in out, f"ctl --help: {rc} {out!r}")
     rc, out, err = run(cli, "ctl", "--socket", sock, "--frobnicate", "status")
     expect(rc == 2 and "unknown option '--frobnicate'" in err, f"ctl bad option: {rc} {err!r}")
+    p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     expect(p.returncode == 0, f"serve under ctl exit {p.returncode}: {err}")
     if p.returncode == 0:

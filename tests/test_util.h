@@ -26,6 +26,19 @@ inline std::string model(const std::string& name) {
   return std::string(dir ? dir : ".cache/models") + "/" + name + ".pt";
 }
 
+// Note [Long test runs]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The default test run is sized to what each test must show (docs/testing.md): a stress test
+// provokes its race in a few hundred requests, a fuzzer runs for seconds. `scripts/test.sh
+// --long` (and scripts/sanitize.sh) set SWAPNET_LONG_TESTS=1 for the long versions: the same
+// checks over more requests, mutants and fuzzing time.
+inline bool long_tests() {
+  const char* v = std::getenv("SWAPNET_LONG_TESTS");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+// `usual` in the default run, `long_run` under SWAPNET_LONG_TESTS.
+inline int sized(int usual, int long_run) { return long_tests() ? long_run : usual; }
+
 // A file's bytes, and a file written with `bytes`.
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,7 +11,7 @@
 set -euo pipefail
 cxx=$1 src=$2 work=$3 unit=$4
 mkdir -p "$work"
-flags=(-std=c++17 -O1 -g -fsanitize=thread -I "$src/swapcore/include")
+flags=(-std=c++17 -O1 -g1 -fsanitize=thread -I "$src/swapcore/include")
 case "$unit" in
   swapcore)
     "$cxx" "${flags[@]}" "$src/tests/image_test.cpp" "$src"/swapcore/src/*.cpp \
