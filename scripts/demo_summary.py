@@ -49,11 +49,11 @@ set title "Model memory over two inferences: swapped vs direct"
 set xlabel "time (ms)"
 set ylabel "MiB"
 set key outside right
-set yrange [0:{mib(direct_bytes) * 1.15:.1f}]
+set yrange [0:{mib(max(direct_bytes, budget_bytes)) * 1.15:.1f}]
 set xrange [0:{max(end, 1):.1f}]
 plot "{data}" using 1:2 with steps lw 2 title "swapnet: weights held", \\
-     {mib(direct_bytes):.3f} with lines lw 2 dt 2 title "direct: every weight", \\
-     {mib(budget_bytes):.3f} with lines lw 1 lc rgb "red" title "budget"
+     {mib(direct_bytes):.3f} with lines lw 2 dt 2 title "direct: every weight held", \\
+     {mib(budget_bytes):.3f} with lines lw 1 lc rgb "red" title "budget (weights + activations)"
 """
     p = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
     if p.returncode != 0:
@@ -83,7 +83,7 @@ def main() -> int:
         f"outputs      {'bit-identical to direct inference: yes' if c.get('equal') is True else 'bit-identical: NO'}",
     ]
     try:
-        png, why = plot(out_dir, weights_over_time(os.path.join(out_dir, "trace.json")), direct["peak_model_bytes"], budget)
+        png, why = plot(out_dir, weights_over_time(os.path.join(out_dir, "trace.json")), weights, budget)
     except (OSError, ValueError, KeyError) as e:
         png, why = None, f"the trace could not be read: {e}"
     lines.append(f"plot         {png}" if png else f"plot         none: {why}")
