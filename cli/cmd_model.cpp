@@ -16,6 +16,7 @@
 #include <iostream>
 #include <thread>
 
+#include "check_cmd.h"
 #include "commands.h"
 #include "inputs.h"
 #include "swapnet/allocator.h"
@@ -443,24 +444,7 @@ int pack(const std::string& model, const std::string& out, const Common& c, cons
 
 int check(const std::string& image, const Common& c) {
   apply_common(c);
-  ImageInfo info;
-  read_image_info(image, &info).throw_if_error();
-  auto t0 = Clock::now();
-  Status s = check_image(image, info);
-  double ms = ms_since(t0);
-  if (c.json) {
-    json j = {{"image", image}, {"ok", s.ok()}, {"layers", info.layers.size()}, {"check_ms", ms}};
-    if (!s.ok()) j["error"] = s.message();
-    std::cout << j.dump() << "\n";
-  } else if (s.ok()) {
-    std::printf("%s: ok, %zu layer checksums verified (%s in %.0f ms)\n", image.c_str(), info.layers.size(),
-                format_bytes(info.data_size).c_str(), ms);
-  }
-  if (!s.ok()) {
-    std::fprintf(stderr, "swapnet: error: %s\n", s.message().c_str());
-    return s.code() == -1 ? 1 : 2;  // a checksum verdict vs an I/O error
-  }
-  return 0;
+  return check_image_command(image, c.json);
 }
 
 int info(const Common& c) {

@@ -1,6 +1,7 @@
 // swapnet — the command a user types. It answers `swapnet ctl` itself (cli/ctl.cpp), without
 // loading libtorch (a control line to a running serve in milliseconds: the budget cut may be the
-// kernel's last warning before the OOM killer), and executes the full command-line tool
+// kernel's last warning before the OOM killer), and `swapnet check IMAGE [--json]` too
+// (cli/check_cmd.cpp: an image's checksums need no libtorch), and executes the full command-line tool
 // (swapnet-cli, which links libtorch: ~0.9 s to start) for every other command, with the same
 // arguments.
 //
@@ -32,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "check_cmd.h"
 #include "ctl.h"
 
 #ifndef SWAPNET_CLI_FROM_BINDIR
@@ -49,10 +51,30 @@ std::string self_dir() {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
+// `swapnet check IMAGE [--json]`, answered here (cli/check_cmd.cpp: no libtorch, milliseconds);
+// any other option goes to the full tool. -1: not this form.
+int quick_check(int argc, char** argv) {
+  if (argc < 3 || argc > 4 || std::strcmp(argv[1], "check") != 0) return -1;
+  const char* image = nullptr;
+  bool json = false;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (argv[i][0] != '-' && image == nullptr) {
+      image = argv[i];
+    } else {
+      return -1;
+    }
+  }
+  return image == nullptr ? -1 : swapnet::cli::check_image_command(image, json);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return swapnet::cli::ctl_main(argc, argv);
+  const int checked = quick_check(argc, argv);
+  if (checked >= 0) return checked;
   const std::string dir = self_dir();
   // Note [OpenBLAS's idle spin]; overwrite 0: a value the user set stays.
   if (std::getenv("GOTO_THREAD_TIMEOUT") == nullptr) ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);

@@ -2,8 +2,15 @@
 // for the executor tests (tests/executor_test.cpp, tests/gpu/gpu_test.cpp).
 #pragma once
 
+#include <sys/stat.h>
 #include <torch/script.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <functional>
 #include <iterator>
 #include <string>
@@ -46,12 +53,40 @@ struct Packed {
   std::string img;
   ImageInfo info;
 };
+//
+// Note [Packed once per process]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The unit tests run in groups, several per process (Note [Unit tests in groups] in
+// tests/CMakeLists.txt), and most pack the same model at the same input: a model is packed once
+// per process and options, into a directory of its own (another shape's pack of the same model
+// must not overwrite it; the file keeps its name, which tests use as the model's), and each test
+// gets its own copy of the module. A test that changes an image works on a copy of it.
 inline Packed packed(const std::string& name, const std::vector<int64_t>& shape,
                      const SkeletonOptions& options = pack_skeleton_options()) {
+  static std::mutex mu;
+  static std::map<std::string, Packed> cache;
+  std::string key = name + "|" + std::to_string(options.split_above) + "|" + std::to_string(options.split_part) + "|" +
+                    std::to_string(options.check_parts_on_gpu);
+  for (int64_t d : shape) key += "," + std::to_string(d);
+  for (const auto& w : options.keep_whole) key += "|k" + w;
+  for (const auto& w : options.coarse_parts) key += "|c" + w;
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    Packed p;
+    const std::string made = pack(name, shape, &p.m, options);
+    const std::string dir = process_temp_dir() + "/packed" + std::to_string(cache.size());
+    if (::mkdir(dir.c_str(), 0700) != 0) throw Error(dir + ": cannot create: " + std::strerror(errno));
+    p.img = dir + made.substr(made.rfind('/'));
+    if (std::rename(made.c_str(), p.img.c_str()) != 0) throw Error(made + ": cannot move: " + std::strerror(errno));
+    Status s = read_image_info(p.img, &p.info);
+    if (!s.ok()) throw Error(s.message());
+    it = cache.emplace(key, std::move(p)).first;
+  }
   Packed p;
-  p.img = pack(name, shape, &p.m, options);
-  Status s = read_image_info(p.img, &p.info);
-  if (!s.ok()) throw Error(s.message());
+  p.m = it->second.m.clone();
+  p.img = it->second.img;
+  p.info = it->second.info;
   return p;
 }
 
