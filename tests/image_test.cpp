@@ -526,7 +526,10 @@ TEST(SustainedRate, LeavesOutTheBurstAfterIdling) {
     ASSERT_GT(st.seconds, 0.0) << what;
     EXPECT_LT(st.bytes, r->bytes_read()) << what;
     const double sustained = static_cast<double>(st.bytes) / st.seconds;
-    EXPECT_GT(sustained, 0.75 * rate) << what;
+    // 0.5: the paced reads lag their rate when the reader's thread waits for a core (under TSan
+    // beside preload.transparent on a fresh 2-core CI machine: 0.70 x once); a sustained rate
+    // that lost the reads would be far below, one that kept the burst 2 x.
+    EXPECT_GT(sustained, 0.5 * rate) << what;
     // 1.2: under TSan beside other tests the gaps and the burst stretch (1.127 x once, with
     // bytes / busy time at 2.01 x); the burst left in would be 2 x.
     EXPECT_LT(sustained, 1.2 * rate) << what << " (bytes / busy time: " << plain / 1e6 << " MB/s)";
