@@ -179,9 +179,14 @@ TEST(Executor, InputsOfTwoSizesInTurnAreLearnedOnce) {
   o.budget = 2 * pk.info.data_size;  // all resident: the layer times alone are learned
   o.learn_after = 3;
   auto ex = Executor::open(img, o);
+  // 5 s of inferences, and on until a window has been measured (at most 30 s): on a fresh 2-core
+  // CI machine beside the sanitizer and preload tests, 170 inferences in 5 s stood out of their
+  // noise in no window once. Whether the mixture is learned once is what is checked below.
   int n = 0;
-  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-       std::chrono::steady_clock::now() < until; ++n) {
+  const auto start = std::chrono::steady_clock::now();
+  for (; std::chrono::steady_clock::now() < start + std::chrono::seconds(5) ||
+         (ex->learning().windows == 0 && std::chrono::steady_clock::now() < start + std::chrono::seconds(30));
+       ++n) {
     EXPECT_TRUE(compare_outputs(expected[n % 2], ex->forward({x[n % 2].clone()})).equal) << "inference " << n;
     EXPECT_LE(ex->plan().total(), o.budget);
   }
