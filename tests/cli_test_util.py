@@ -14,6 +14,11 @@ def test_env(cli):
     return env
 
 
+def long_tests():
+    """The long run's sizes (scripts/test.sh --long; Note [Long test runs] in test_util.h)."""
+    return os.environ.get("SWAPNET_LONG_TESTS", "0") not in ("", "0")
+
+
 def run(*args, env=None):
     """Runs a command (with `env`'s variables added to the test environment); returns (exit
     status, stdout, stderr)."""

@@ -11,16 +11,15 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
-#include <string>
 #include <thread>
 #include <vector>
 
 #include "swapnet/assembly.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace {
@@ -89,8 +88,7 @@ TEST(CpuMeterThreads, RegionsStayWholeUnderWorkersCrossThreadFreesAndCapChanges)
   // 400 allocations per worker (1,500 in a long run, Note [Long test runs] in test_util.h): with
   // the cap moving every 200 us, each worker's allocations meet hundreds of cap changes and
   // cross-thread frees either way; under TSan the 1,500 took a minute of this test's 73 s.
-  const char* long_run = std::getenv("SWAPNET_LONG_TESTS");
-  const int kIters = long_run != nullptr && *long_run != '\0' && std::string(long_run) != "0" ? 1500 : 400;
+  const int kIters = test_util::sized(400, 1500);
   constexpr std::uint64_t kMiB = 1 << 20;
   std::vector<int> accounts;
   for (int w = 0; w < kWorkers; ++w) {

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from cli_test_util import Checks, run, test_env
+from cli_test_util import Checks, long_tests, run, test_env
 
 HOSTILE = [None, True, -1, 0, 1, 2 ** 64, -2 ** 63, 1e308, -1e-300, 0.5, "", "x" * 5000, "é☃\u0000",
            "-5MiB", "1e400", "100%", "0%", "999999999999999999999999%", "12 MiB", [], [1, 2], {}, {"a": {"b": []}},
@@ -82,7 +82,7 @@ def main() -> int:
     cli, r18, mv2, work = sys.argv[1:5]
     seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     count = int(sys.argv[6]) if len(sys.argv) > 6 else 40
-    if os.environ.get("SWAPNET_LONG_TESTS", "0") not in ("", "0"):  # Note [Long test runs] in test_util.h
+    if long_tests():
         count = max(count, 200)
     rng = random.Random(seed)
     os.makedirs(work, exist_ok=True)
