@@ -526,15 +526,22 @@ void Clients::closed_loop(int i) {
 }
 
 // Until the scenario's duration has passed since `start` and `more` says no more (or four
-// durations have, or a signal came), the schedule's budget changes at their times.
+// durations have, or a signal came), the schedule's budget changes at their times; `warmed`
+// once, when `warmup_s` have passed.
 void follow_schedule(Runtime* rt, double duration_s, std::vector<std::pair<double, std::uint64_t>> schedule,
-                     Clock::time_point start, const std::function<bool()>& more) {
+                     Clock::time_point start, const std::function<bool()>& more, double warmup_s,
+                     const std::function<void()>& warmed) {
   size_t next_change = 0;
+  bool warm = false;
   std::sort(schedule.begin(), schedule.end());
   while (!g_interrupted.load()) {
     const double now_s = ms_since(start) / 1000;
+    if (!warm && now_s >= warmup_s) {
+      warmed();
+      warm = true;
+    }
     if (now_s >= duration_s && (now_s >= 4 * duration_s || !more())) break;
-    double wake_s = duration_s;
+    double wake_s = warm ? duration_s : std::min(duration_s, warmup_s);
     if (next_change < schedule.size()) {
       if (schedule[next_change].first <= now_s) {
         rt->set_budget(schedule[next_change].second);
@@ -558,8 +565,10 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   clients.start();
   const auto start = Clock::now();
   const int min_requests = setup.s.min_requests;
-  follow_schedule(svc.rt.get(), setup.s.duration_s, setup.schedule, start,
-                  [&] { return min_requests > 0 && !clients.enough(min_requests); });
+  follow_schedule(
+      svc.rt.get(), setup.s.duration_s, setup.schedule, start,
+      [&] { return min_requests > 0 && !clients.enough(min_requests); }, setup.warmup_s,
+      [&] { log.at_warmup = svc.rt->status(); });
   if (min_requests > 0 && !clients.enough(min_requests)) {
     std::fprintf(stderr, "swapnet: serve stopped at 4x the duration before every model had %d counted arrivals\n",
                  min_requests);

@@ -74,6 +74,7 @@ struct ServeLog {
   std::vector<std::deque<Frame>> frames;  // per group
   std::vector<std::vector<Outcome>> outcomes;  // every request's, in the order they ended
   std::vector<std::uint64_t> counted;           // arrivals after the warm-up
+  std::vector<ModelStatus> at_warmup;           // the models' status when the warm-up ended (or none)
   ServeLog(int models, size_t groups)
       : lat(models), equal(models, 1), diff(models), max_diff(models, 0), dropped(models, 0), sent(models, 0),
         unanswered(models, 0), frames(groups), outcomes(models), counted(models, 0) {}

@@ -128,6 +128,21 @@ json run_json(Runtime& rt, const ServeSetup& setup, Clock::time_point start, boo
   return j;
 }
 
+// Model m's (number i) estimate error per block (per ms of work: `per_ms`) over the blocks run
+// after the warm-up, as slo_met counts requests (Note [Counted requests and their score]); over
+// the whole run where the warm-up was not reached.
+double estimate_error(const ServeLog& log, const ModelStatus& m, int i, bool per_ms) {
+  const double all = per_ms ? m.estimate_time_error : m.estimate_error;
+  if (log.at_warmup.size() <= static_cast<size_t>(i)) return all;
+  const ModelStatus& w = log.at_warmup[static_cast<size_t>(i)];
+  const double n = per_ms ? m.estimated_ms - w.estimated_ms
+                          : static_cast<double>(m.estimated_blocks) - static_cast<double>(w.estimated_blocks);
+  if (!(n > 0)) return all;
+  const double sum = per_ms ? all * m.estimated_ms - w.estimate_time_error * w.estimated_ms
+                            : all * static_cast<double>(m.estimated_blocks) - w.estimate_error * static_cast<double>(w.estimated_blocks);
+  return std::max(0.0, sum / n);
+}
+
 // Model i's results: its status in the runtime, its clients' latencies and comparisons.
 json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const ModelStatus& m, int i, bool check) {
   const Scenario& s = setup.s;
@@ -159,8 +174,11 @@ json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const
              {"deadline_requests", m.deadline_requests},
              {"unanswered", log.unanswered[i]},
              {"dropped", m.dropped},
-             {"estimate_error", m.estimate_error},
-             {"estimate_time_error", m.estimate_time_error},
+             {"estimate_error", estimate_error(log, m, i, false)},
+             {"estimate_time_error", estimate_error(log, m, i, true)},
+             {"estimate_error_all", m.estimate_error},
+             {"estimate_time_error_all", m.estimate_time_error},
+             {"estimated_blocks", m.estimated_blocks},
              {"contention", m.contention},
              {"requests", log.lat[i].size()},
              {"rejected", m.rejected},

@@ -14,6 +14,20 @@
 namespace swapnet {
 namespace runtime_detail {
 
+// The machine's pace: how much slower (> 1) or faster than their usual times the last blocks of
+// every model ran (Note [The machine's pace] in estimates.cpp). One per runtime, shared by its
+// models' estimates; under the runtime's lock.
+class Pace {
+ public:
+  // A block ran in `ratio` x its usual time (BlockEstimates::observe's answer; 0: no answer).
+  void observe(double ratio);
+  double factor() const { return factor_; }
+
+ private:
+  static constexpr double kAlpha = 0.1;
+  double log_ = 0, factor_ = 1;
+};
+
 class BlockEstimates {
  public:
   // The cost model's layer table and read time: the seeds of blocks not measured yet. Forgets
@@ -22,11 +36,14 @@ class BlockEstimates {
   // waits for reads).
   void set_costs(std::vector<LayerCost> costs, double ms_per_byte);
   double ms_per_byte() const { return ms_per_byte_; }
-  // Expected ms of block [a, b] run while `others` other blocks run beside it (on average).
-  double expect(int a, int b, bool resident, double others) const;
+  // Expected ms of block [a, b] run while `others` other blocks run beside it (on average), at
+  // the machine's pace `pace` (Pace::factor()).
+  double expect(int a, int b, bool resident, double others, double pace = 1) const;
   // Block [a, b] took `ms`, `wait_ms` of them waiting for its bytes to land, while `others`
   // other blocks ran beside it on average; the scheduler had expected `expected` ms of it.
-  void observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected);
+  // Returns its compute time over its usual one at that company (for Pace::observe), or 0 while
+  // the block has no usual time yet (its first two runs).
+  double observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected);
   // A request of the model was dropped on these estimates: what was learned of the model as a
   // whole counts half as much (its seeds move back towards the cost model's) and each block's
   // slowest recent run counts as a usual one, so that a model whose requests are all dropped,
@@ -34,6 +51,7 @@ class BlockEstimates {
   void forgive();
   // Mean |expected - measured| / measured over the blocks observed, and how many.
   double error() const { return err_n_ ? err_sum_ / static_cast<double>(err_n_) : 0; }
+  double measured_ms() const { return ms_sum_; }  // the blocks' measured times, summed
   // Sum |expected - measured| over sum measured: the error per millisecond of work, which is
   // what a request's remaining time (a sum of blocks) is off by; blocks of 0.1 ms weigh little.
   double time_error() const { return ms_sum_ > 0 ? err_ms_sum_ / ms_sum_ : 0; }
@@ -50,8 +68,10 @@ class BlockEstimates {
     double compute = 0;  // its usual time at its usual company, waits for reads aside
     double wait = 0;     // its wait for its bytes
     double others = 0;   // the company it usually has (other blocks running beside it)
-    std::array<Run, kRecent> recent{};  // its last runs
-    std::uint64_t n = 0;
+    double seed = 0;     // its compute time before its first run (unseen())
+    Run first;           // its first run, often a cold one (Note [A block's first run])
+    std::array<Run, kRecent> recent{};  // its last runs after the first
+    std::uint64_t n = 0;  // runs, the first included
   };
   double median(const Block& k, int what) const;
   double factor(double others, double usual) const;

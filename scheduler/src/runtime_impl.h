@@ -82,18 +82,18 @@ struct Worker {
   double read_wait_ms = -1;
   // Under the runtime's lock, between steps: the expected times of the next block, of the rest
   // (next block included) and of the block after the next (0: none), each run beside `others`
-  // other blocks.
+  // other blocks at the machine's pace `pace` (Note [The machine's pace] in estimates.cpp).
   struct Expected {
     double next = 0, rest = 0, then = 0;
   };
-  Expected expected(double others) const {
+  Expected expected(double others, double pace) const {
     const ExecutionPlan& p = exec->plan();
     const int next = exec->in_inference() ? exec->next_layer() : 0;
     Expected e;
     int seen = 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
-      const double ms = est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others);
+      const double ms = est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others, pace);
       if (seen == 0) e.next = ms;
       if (seen == 1) e.then = ms;
       ++seen;
@@ -135,6 +135,7 @@ struct Runtime::Impl {
   std::vector<std::string> reason;    // per model: why it is paused
   std::vector<Adaptation> adaptations;
   runtime_detail::MemoryLedger ledger{0, 0, Clock::now()};  // made again at open with the models
+  runtime_detail::Pace pace;  // every model's blocks' pace (Note [The machine's pace])
   Clock::time_point t0 = Clock::now();
   Clock::time_point notified;
   // Central scheduling (RuntimeOptions::scheduler); null under "threads".

@@ -249,7 +249,7 @@ bool Runtime::Impl::acquire(size_t i, const Request& r, std::unique_lock<std::mu
   lk.lock();
   while (true) {
     // Beside the blocks running now, up to the other workers' number.
-    const Worker::Expected e = x.expected(std::min(running, workers - 1));
+    const Worker::Expected e = x.expected(std::min(running, workers - 1), pace.factor());
     x.cand = DispatchCandidate{static_cast<int>(i), ms_between(t0, r.arrival),
                                r.deadline == Clock::time_point{} ? 0.0 : std::max(1e-3, ms_between(t0, r.deadline)),
                                e.next, e.rest, e.then};
@@ -304,8 +304,10 @@ void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, 
   --running;
   ++free_workers;
   if (block.first >= 0 && ms > 0) {
-    x.est.observe(block.first, block.second, resident, others, ms, wait_ms, x.expected_next);
+    pace.observe(x.est.observe(block.first, block.second, resident, others, ms, wait_ms, x.expected_next));
     x.st.estimate_error = x.est.error();
+    x.st.estimated_blocks = x.est.observed();
+    x.st.estimated_ms = x.est.measured_ms();
     x.st.estimate_time_error = x.est.time_error();
     x.st.contention = x.est.contention();
   }

@@ -197,6 +197,10 @@ struct ModelStatus {
   // other block running beside it).
   double estimate_time_error = 0;
   double contention = 0;
+  // The blocks those errors are over and their measured ms, summed: two statuses give the
+  // errors between them (serve's after its warm-up).
+  std::uint64_t estimated_blocks = 0;
+  double estimated_ms = 0;
   std::uint64_t budget_changes = 0;  // plans adopted after open
   std::uint64_t mid_inference_moves = 0;  // of those, in the middle of an inference (between blocks)
 };
