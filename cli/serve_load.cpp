@@ -13,7 +13,13 @@
 // latencies measured by serve before the run (the fastest of three direct inferences after a
 // first, with one intra-op thread per core: what the machine can do; this VM's speed drifts by
 // 40 % from one minute to the next, and a median taken in a slow spell made yolov3 654 ms where
-// it then ran in 360). Not the sum of one-thread latencies over the
+// it then ran in 360). Two passes through the models, the fastest of both: with one, three runs
+// of the same 60 s budget trace measured vgg19 at 194, 517 and 276 ms and fcn_resnet101 at 518,
+// 310 and 273 ms (2026-11-27), so the same scenario asked 1.9x different periods of vgg19 from
+// one run to the next. Four runs of each build interleaved (self_driving_slo, 2026-11-27): the
+// written load measured 0.570-0.877 with one pass (1.54x; fcn_resnet101 284-582 ms) and
+// 0.524-0.604 with two (1.15x; yolov3 still 227-410 ms once), for ~4 s more at start with the
+// paper's four models. Not the sum of one-thread latencies over the
 // cores: this VM's two vCPUs run two one-thread inferences each about 2x slower than alone
 // (the contention serve's estimates learn), so "0.9 of two cores" by one-thread latencies was
 // 1.8 of what the machine can do, and every policy failed. Every period, jitter and deadline is scaled
