@@ -32,6 +32,11 @@ struct Common {
 
 void apply_common(const Common& c);  // log level and thread count
 
+// The whole command line of swapnet-cli (cli/main.cpp): its process's exit status. main() is
+// only this (cli/cli_entry.cpp), so the tests' fork server (tests/cli_fork_server.cpp) runs the
+// same commands.
+int cli_main(int argc, char** argv);
+
 using Clock = std::chrono::steady_clock;
 inline double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

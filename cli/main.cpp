@@ -331,7 +331,7 @@ int dispatch(const Subcommands& s, const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int swapnet::cli::cli_main(int argc, char** argv) {
   // As the launcher does (cli/launcher.cpp), without CLI11: one parser, one usage text.
   if (argc >= 2 && std::strcmp(argv[1], "ctl") == 0) return swapnet::cli::ctl_main(argc, argv);
   CLI::App app{"swapnet: run DNNs larger than their memory budget by swapping blocks of layers"};

@@ -9,10 +9,9 @@ properties of the JSON object. Used by ctest so CLI tests can fail for the right
 import argparse
 import json
 import re
-import subprocess
 import sys
 
-from cli_test_util import test_env
+from cli_test_util import run
 
 
 def main() -> int:
@@ -24,24 +23,27 @@ def main() -> int:
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd and a.cmd[0] == "--" else a.cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=test_env(cmd[0]) if cmd else None)
+    if not cmd:
+        print("cli_check.py: no command", file=sys.stderr)
+        return 2
+    rc, stdout, stderr = run(*cmd)
     print("$", " ".join(cmd))
-    print(p.stdout[-4000:], end="")
-    print(p.stderr[-4000:], end="", file=sys.stderr)
+    print(stdout[-4000:], end="")
+    print(stderr[-4000:], end="", file=sys.stderr)
     failures = []
-    if p.returncode != a.rc:
-        failures.append(f"exit status {p.returncode}, expected {a.rc}")
-    if p.returncode < 0:
-        failures.append(f"killed by signal {-p.returncode}")
+    if rc != a.rc:
+        failures.append(f"exit status {rc}, expected {a.rc}")
+    if rc < 0:
+        failures.append(f"killed by signal {-rc}")
     for r in a.stderr:
-        if not re.search(r, p.stderr):
+        if not re.search(r, stderr):
             failures.append(f"stderr does not match /{r}/")
     for r in a.stdout:
-        if not re.search(r, p.stdout):
+        if not re.search(r, stdout):
             failures.append(f"stdout does not match /{r}/")
     if a.check:
         try:
-            j = json.loads(p.stdout)
+            j = json.loads(stdout)
         except json.JSONDecodeError as e:
             failures.append(f"stdout is not one JSON object: {e}")
         else:

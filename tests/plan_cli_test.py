@@ -12,7 +12,6 @@ a missing one is measured and saved.
 """
 import json
 import os
-import subprocess
 import sys
 
 from cli_test_util import prepare, run
@@ -122,10 +121,8 @@ def main() -> int:
     missing = os.path.join(work, name + "-new", "device.json")
     if os.path.exists(missing):
         os.remove(missing)
-    env = dict(os.environ, SWAPNET_PROFILE=missing)
-    p = subprocess.run([cli, "plan", img, "--budget", str(budget), "--json"], capture_output=True, text=True, env=env)
-    expect(p.returncode == 0 and "no device profile" in p.stderr and os.path.exists(missing),
-           f"missing profile: exit {p.returncode}, {p.stderr!r}")
+    rc, out, err = run(cli, "plan", img, "--budget", str(budget), "--json", env={"SWAPNET_PROFILE": missing})
+    expect(rc == 0 and "no device profile" in err and os.path.exists(missing), f"missing profile: exit {rc}, {err!r}")
 
     rc, out, err = run(cli, "run", img, "--budget", str(budget), "--resident", "0", "--iters", "1")
     expect(rc == 2 and "--resident needs --partition or --blocks" in err, f"--resident alone: exit {rc}, {err!r}")
