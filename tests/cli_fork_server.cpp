@@ -10,7 +10,8 @@
 // served side by side), which forks the command: swapnet-cli's own command line (cli_main,
 // cli/main.cpp) in that environment and directory with stdin on /dev/null, its output flushed
 // at the end and static destructors skipped (below). The handler answers the command's status
-// ("exit N" or "signal N"). tests/cli_test_util.py's run() uses the server where ctest's fixture
+// ("exit N" or "signal N"), or stops the command (its process group) when the test that asked
+// goes away first, as a test's own process is stopped with it. tests/cli_test_util.py's run() uses the server where ctest's fixture
 // started it (SWAPNET_TEST_FORK_SERVER names the socket) and runs a process of its own
 // otherwise, and always for `ctl` and `check` (the launcher answers those itself), for other
 // programs than swapnet, and for an environment that differs in what libraries read when they
@@ -26,6 +27,7 @@
 // the binary is swapnet-cli: `run --compare` executes /proc/self/exe for its child runs.
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -112,6 +114,35 @@ bool receive(int c, Request* r) {
   _exit(rc);
 }
 
+// Waits for command `pid`; if the test that asked for it goes away first (its connection `c`
+// closes: killed at its timeout, say), stops the command and what it started, as a process of
+// the test's own would have been stopped. Its wait status.
+int wait_or_stop(pid_t pid, int c) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  int status = 0;
+  short watch = POLLIN;  // the connection: readable means closed (the test sends nothing more)
+  while (pidfd >= 0) {
+    pollfd p[2] = {{pidfd, POLLIN, 0}, {c, watch, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (p[0].revents != 0) break;  // the command ended
+    if (p[1].revents == 0) continue;
+    char byte;
+    const ssize_t n = ::recv(c, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      ::kill(-pid, SIGKILL);
+      break;
+    }
+    if (n > 0) watch = 0;  // unexpected bytes: stop watching rather than spin
+  }
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (pidfd >= 0) ::close(pidfd);
+  return status;
+}
+
 // Connection `c`, in a process of its own: the request, the command's child, its status.
 [[noreturn]] void handle(int c) {
   Request r;
@@ -119,12 +150,12 @@ bool receive(int c, Request* r) {
   if (receive(c, &r)) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::setpgid(0, 0);  // its own group, so that it and what it started can be stopped together
       ::close(c);
       run_command(r);
     }
     int status = 0;
-    while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    if (pid > 0) status = wait_or_stop(pid, c);
     if (pid < 0) {
       answer = std::string("error fork: ") + std::strerror(errno) + "\n";
     } else if (WIFSIGNALED(status)) {
