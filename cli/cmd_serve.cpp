@@ -191,10 +191,9 @@ void resolve_budgets(const std::string& path, std::uint64_t whole, ServeSetup* s
 
 // Each model's direct latency on the whole machine (Note [Load and run rules] in
 // serve_load.cpp): the fastest of its timed runs over two passes through the models, so that a
-// slow spell of the VM must last through both to skew one model's.
+// slow spell of the VM must last through both to skew one model's. After make_inputs.
 void measure_direct(ServeSetup* setup) {
   const Scenario& s = setup->s;
-  setup->load.direct_ms.assign(s.models.size(), 0);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < s.models.size(); ++i) {
       ScenarioModel whole = s.models[i];

@@ -41,6 +41,29 @@ def load_time_vars(env):
     return {k: v for k, v in env.items() if k.startswith(_LOAD_TIME)}
 
 
+def read_until_closed(c, size=65536):
+    """Every byte socket `c` sends until it closes its end."""
+    data = b""
+    while True:
+        chunk = c.recv(size)
+        if not chunk:
+            return data
+        data += chunk
+
+
+_server_vars = {}  # per fork-server socket: its load-time variables (SOCKET.env), read once
+
+
+def _load_time_vars_of(sock):
+    if sock not in _server_vars:
+        try:
+            with open(sock + ".env") as f:
+                _server_vars[sock] = json.load(f)
+        except (OSError, ValueError):
+            return None  # not started (yet): asked again next time
+    return _server_vars[sock]
+
+
 def _run_forked(args, env):
     """Runs swapnet-cli's command `args` in the tests' fork server when there is one (its socket
     in SWAPNET_TEST_FORK_SERVER, its environment's load-time variables in SOCKET.env); None where
@@ -52,10 +75,8 @@ def _run_forked(args, env):
         return None
     if args[1] in ("ctl", "check"):  # the launcher answers these itself
         return None
-    try:
-        with open(sock + ".env") as f:
-            server_vars = json.load(f)
-    except (OSError, ValueError):
+    server_vars = _load_time_vars_of(sock)
+    if server_vars is None:
         return None
     env = as_launched(env)
     if load_time_vars(env) != server_vars:
@@ -72,12 +93,7 @@ def _run_forked(args, env):
         sent = socket.send_fds(c, [data], [out.fileno(), err.fileno()])
         if sent < len(data):
             c.sendall(data[sent:])
-        answer = b""
-        while True:
-            chunk = c.recv(256)
-            if not chunk:
-                break
-            answer += chunk
+        answer = read_until_closed(c)
         kind, _, value = answer.decode().strip().partition(" ")
         if kind not in ("exit", "signal"):
             raise RuntimeError(f"the CLI's fork server ({sock}) answered {answer!r} to {args}")

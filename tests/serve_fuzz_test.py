@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from cli_test_util import Checks, long_tests, run, test_env
+from cli_test_util import Checks, long_tests, read_until_closed, run, test_env
 
 HOSTILE = [None, True, -1, 0, 1, 2 ** 64, -2 ** 63, 1e308, -1e-300, 0.5, "", "x" * 5000, "é☃\u0000",
            "-5MiB", "1e400", "100%", "0%", "999999999999999999999999%", "12 MiB", [], [1, 2], {}, {"a": {"b": []}},
@@ -165,13 +165,7 @@ def main() -> int:
             c.sendall(data)
             if close_early:
                 c.shutdown(socket.SHUT_WR)
-            reply = b""
-            while True:
-                chunk = c.recv(65536)
-                if not chunk:
-                    break
-                reply += chunk
-            return reply.decode("utf-8", "replace")
+            return read_until_closed(c).decode("utf-8", "replace")
         finally:
             c.close()
 

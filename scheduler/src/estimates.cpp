@@ -83,7 +83,6 @@ double alpha(std::uint64_t n) { return std::max(0.1, 1.0 / static_cast<double>(n
 void Pace::observe(double ratio) {
   if (!(ratio > 0)) return;
   log_ += kAlpha * (std::clamp(std::log(ratio), -1.0, 1.0) - log_);
-  factor_ = std::exp(log_);
 }
 
 void BlockEstimates::set_costs(std::vector<LayerCost> costs, double ms_per_byte) {
@@ -127,10 +126,9 @@ double BlockEstimates::factor(double others, double usual) const {
 
 // The median of the block's last runs' compute times, each brought to its usual company (what
 // = 0), or of their waits (1); its first run only while it has no other (Note [A block's first
-// run]).
+// run]). The block has run (k.n >= 1).
 double BlockEstimates::median(const Block& k, int what) const {
   const double floor = what == 0 ? 0.01 : 0.0;
-  if (k.n == 0) return what == 0 ? k.compute : k.wait;
   if (k.n == 1) {
     if (what == 1) return k.first.wait;
     return std::max(floor, std::sqrt(std::max(floor, k.first.compute / factor(k.first.others, k.others)) * k.seed));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -21,11 +22,11 @@ class Pace {
  public:
   // A block ran in `ratio` x its usual time (BlockEstimates::observe's answer; 0: no answer).
   void observe(double ratio);
-  double factor() const { return factor_; }
+  double factor() const { return std::exp(log_); }
 
  private:
   static constexpr double kAlpha = 0.1;
-  double log_ = 0, factor_ = 1;
+  double log_ = 0;
 };
 
 class BlockEstimates {
