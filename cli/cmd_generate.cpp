@@ -33,8 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
-#include "inputs.h"
+#include "generate.h"
 #include "swapnet/allocator.h"
 #include "swapnet/assembly.h"
 #include "swapnet/swapcore.h"
@@ -48,8 +47,9 @@ using Forward = std::function<c10::IValue(std::vector<c10::IValue>)>;
 
 struct Generation {
   std::vector<std::int64_t> tokens;  // generated ids
-  std::vector<double> call_ms;       // per call; [0] is the prompt's (time to first token)
-  std::vector<std::uint64_t> read;   // bytes read after each call (cumulative; swapnet/naive)
+  std::vector<double> call_ms;       // per pass of the target; [0] is the prompt's (time to first token)
+  std::vector<std::uint64_t> read;   // bytes read after each pass (cumulative; swapnet/naive)
+  GenerationResult r;                // passes, proposals and acceptance
 };
 
 // The rows of the first embedding's weight: the vocabulary, for a model that embeds its tokens.
@@ -63,38 +63,26 @@ std::int64_t vocabulary(const Skeleton& sk) {
   return 0;
 }
 
-// The generation loop of Note [Generation]. `read` reports bytes read so far (0: none).
-Generation generate(const std::string& image, const Forward& fwd, const at::Tensor& prompt,
-                    const std::vector<c10::IValue>& state0, int new_tokens, const std::function<std::uint64_t()>& read) {
+// The generation of Note [Generation] (generate_tokens; with a draft, speculative: Note
+// [Speculative decoding]). `read` reports bytes read so far (empty: none).
+Generation generate(const Forward& fwd, const Draft* draft, const at::Tensor& prompt,
+                    const std::vector<c10::IValue>& state0, const GenerateOptions& o,
+                    const std::function<std::uint64_t()>& read) {
   Generation g;
-  std::vector<c10::IValue> in{prompt.clone()};
-  for (const auto& v : state0) in.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
-  for (int i = 0; i < new_tokens; ++i) {
-    const auto t0 = Clock::now();
-    c10::IValue out = fwd(std::move(in));
-    if (!out.isTuple() || out.toTupleRef().elements().empty() || !out.toTupleRef().elements()[0].isTensor()) {
-      throw Error(image + ": generate needs forward(tokens, *state) -> (logits, *state); forward returned " +
-                  out.tagKind());
-    }
-    const auto& items = out.toTupleRef().elements();
-    const at::Tensor logits = items[0].toTensor();
-    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) < 1) {
-      throw Error(image + ": generate needs logits [1, T, vocab]; forward's first output has sizes " +
-                  c10::str(logits.sizes()));
-    }
-    const std::int64_t next = logits.select(0, 0).select(0, logits.size(1) - 1).argmax().item<std::int64_t>();
-    g.call_ms.push_back(ms_since(t0));
-    g.read.push_back(read ? read() : 0);
-    g.tokens.push_back(next);
-    in.clear();
-    in.push_back(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)));
-    for (size_t k = 1; k < items.size(); ++k) in.push_back(items[k]);
-  }
+  GenerationOptions go;
+  go.new_tokens = o.new_tokens;
+  go.k = o.speculate.empty() || o.speculate == "auto" ? 0 : std::stoi(o.speculate);
+  go.max_k = o.max_k;
+  go.after_pass = [&] { g.read.push_back(read ? read() : 0); };
+  g.r = generate_tokens(fwd, draft ? draft->fwd : TokenModel(), prompt, state0,
+                        draft ? draft->state0 : std::vector<c10::IValue>{}, go);
+  g.tokens = g.r.tokens;
+  g.call_ms = g.r.pass_ms;
   return g;
 }
 
-// The state after the prompt, with every dimension the prompt grew stretched to `context`
-// tokens: what the last call of the generation holds (zeros).
+}  // namespace
+
 std::vector<c10::IValue> final_state(const std::vector<c10::IValue>& state0, const c10::IValue& after_prompt,
                                      std::int64_t prompt_tokens, std::int64_t context) {
   std::vector<c10::IValue> out;
@@ -116,6 +104,27 @@ std::vector<c10::IValue> final_state(const std::vector<c10::IValue>& state0, con
   return out;
 }
 
+std::vector<c10::IValue> example_state(const std::string& path, const ImageInfo& info) {
+  if (info.input_profiles.empty()) {
+    throw Error(path + ": the image records no example input to take the initial state from: give --state SPEC");
+  }
+  std::vector<c10::IValue> state0;
+  const auto& ex = info.input_profiles.front().inputs;
+  for (size_t k = 1; k < ex.size(); ++k) {
+    if (ex[k].kind == ImageInput::kNone) {
+      state0.emplace_back();
+    } else if (ex[k].kind == ImageInput::kTensor) {
+      state0.push_back(at::zeros(ex[k].sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(ex[k].dtype))));
+    } else {
+      throw Error(path + ": the example input's argument " + std::to_string(k) + " (" + inputs_text({ex[k]}) +
+                  ") is not a tensor or None: give --state SPEC");
+    }
+  }
+  return state0;
+}
+
+namespace {
+
 void check_options(const GenerateOptions& o) {
   if (o.new_tokens < 1) throw Error("--new-tokens " + std::to_string(o.new_tokens) + ": at least 1");
   if (o.prompt_tokens < 1) throw Error("--prompt-tokens " + std::to_string(o.prompt_tokens) + ": at least 1");
@@ -123,30 +132,28 @@ void check_options(const GenerateOptions& o) {
     throw Error("--mode '" + o.mode + "' is not one of swapnet|direct|naive");
   }
   if (o.mode != "direct" && o.budget.empty()) throw Error("--budget is required for mode " + o.mode);
+  if (!o.speculate.empty() && o.draft.empty()) throw Error("--speculate " + o.speculate + " needs --draft MODEL");
+  if (o.speculate.empty()) return;
+  if (o.speculate != "auto") {
+    size_t used = 0;
+    int k = 0;
+    try {
+      k = std::stoi(o.speculate, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != o.speculate.size() || k < 1 || k > 64) {
+      throw Error("--speculate '" + o.speculate + "': give auto or a number of tokens from 1 to 64");
+    }
+  }
+  if (o.max_k < 1 || o.max_k > 64) throw Error("--max-k " + std::to_string(o.max_k) + ": from 1 to 64");
 }
 
 // The initial state: --state, else the image's example input after the tokens, as zeros.
 std::vector<c10::IValue> initial_state(const std::string& path, const Common& c, const GenerateOptions& o,
                                        const ImageInfo& info) {
-  std::vector<c10::IValue> state0;
-  if (!o.state.empty()) {
-    state0 = swapnet::make_inputs(o.state, c.seed + 1);
-  } else {
-    if (info.input_profiles.empty()) {
-      throw Error(path + ": the image records no example input to take the initial state from: give --state SPEC");
-    }
-    const auto& ex = info.input_profiles.front().inputs;
-    for (size_t k = 1; k < ex.size(); ++k) {
-      if (ex[k].kind == ImageInput::kNone) {
-        state0.emplace_back();
-      } else if (ex[k].kind == ImageInput::kTensor) {
-        state0.push_back(at::zeros(ex[k].sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(ex[k].dtype))));
-      } else {
-        throw Error(path + ": the example input's argument " + std::to_string(k) + " (" + inputs_text({ex[k]}) +
-                    ") is not a tensor or None: give --state SPEC");
-      }
-    }
-  }
+  std::vector<c10::IValue> state0 =
+      !o.state.empty() ? swapnet::make_inputs(o.state, c.seed + 1) : example_state(path, info);
   if (static_cast<int>(state0.size()) + 1 != static_cast<int>(info.num_inputs)) {
     throw Error(path + ": forward takes " + std::to_string(info.num_inputs) + " inputs; tokens and " +
                 std::to_string(state0.size()) + " state tensors were given");
@@ -172,10 +179,16 @@ struct Backend {
 };
 
 // Opens `b` for o.mode. `path` and `info` must outlive it (its naive forward refers to them).
+// `draft_share`: what the draft holds of the budget (its weights and activations), not the target's.
 void open_backend(const std::string& path, const Common& c, const GenerateOptions& o, const ImageInfo& info,
-                  Backend* b) {
+                  std::uint64_t draft_share, Backend* b) {
   if (o.mode == "swapnet" || o.mode == "naive") {
-    b->eo.budget = parse_size(o.budget);
+    const std::uint64_t budget = parse_size(o.budget);
+    if (draft_share >= budget) {
+      throw Error("--budget " + o.budget + " (" + format_bytes(budget) + "): the draft " + o.draft + " alone holds " +
+                  format_bytes(draft_share) + " (weights and activations), nothing is left for the target " + path);
+    }
+    b->eo.budget = budget - draft_share;
     use_profile(device_profile(path, c, o.profile), &b->eo);
     set_executor_option(&b->eo, "--read-ahead", o.read_ahead);
   }
@@ -197,8 +210,11 @@ void open_backend(const std::string& path, const Common& c, const GenerateOption
 }
 
 // Warm-up (Note [Generation]): the prompt's call and one at the final context. Returns its ms.
+// With a draft, the call at the final context checks max_k + 1 tokens, the most a pass does.
 double warm_up(const std::string& path, const GenerateOptions& o, const Forward& fwd, const at::Tensor& prompt,
                const std::vector<c10::IValue>& state0, std::int64_t context) {
+  const std::int64_t last_tokens =
+      o.draft.empty() ? 1 : 1 + (o.speculate.empty() || o.speculate == "auto" ? o.max_k : std::stoi(o.speculate));
   const auto t_warm = Clock::now();
   std::vector<c10::IValue> first{prompt.clone()};
   for (const auto& v : state0) first.push_back(v.isTensor() ? c10::IValue(v.toTensor().clone()) : v);
@@ -207,7 +223,7 @@ double warm_up(const std::string& path, const GenerateOptions& o, const Forward&
     throw Error(path + ": generate needs forward(tokens, *state) -> (logits, *state); forward returned " +
                 after_prompt.tagKind());
   }
-  std::vector<c10::IValue> last{at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong))};
+  std::vector<c10::IValue> last{at::zeros({1, last_tokens}, at::TensorOptions().dtype(at::kLong))};
   for (auto& v : final_state(state0, after_prompt, o.prompt_tokens, context - 1)) last.push_back(std::move(v));
   try {
     fwd(std::move(last));
@@ -229,7 +245,9 @@ struct GenerationOutcome {
   std::uint64_t rss = 0;
   double warm_ms = 0;
   bool equal = false;  // tokens as in the in-memory generation
+  long first_difference = -1;  // the first token that is not, -1 if none
   double raw = 0;      // the disk's raw rate, MB/s (0 in direct mode)
+  const Draft* draft = nullptr;  // with --draft
 };
 
 // The timed generation, and what it took.
@@ -243,11 +261,12 @@ void timed_generation(const std::string& path, const GenerateOptions& o, const I
   const std::uint64_t base = cpu_meter().current;
   reset_cpu_meter_peak();
   r->read0 = b.read ? b.read() : 0;
-  r->g = generate(path, b.fwd, prompt, state0, o.new_tokens, b.read);
+  r->g = generate(b.fwd, r->draft, prompt, state0, o, b.read);
   r->act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
-  r->weights_peak = b.ex                 ? b.ex->weight_memory().peak
-                    : o.mode == "direct" ? info.data_size
-                                         : largest_block(b.nplan);  // naive's read buffer
+  r->weights_peak = (b.ex                 ? b.ex->weight_memory().peak
+                     : o.mode == "direct" ? info.data_size
+                                          : largest_block(b.nplan)) +  // naive's read buffer
+                    (r->draft ? r->draft->bytes : 0);
   page_cache_bytes(path, &r->cache_after).throw_if_error();
   r->rss = vm_hwm_bytes();
 }
@@ -256,15 +275,41 @@ void timed_generation(const std::string& path, const GenerateOptions& o, const I
 void check_generation(const std::string& path, const GenerateOptions& o, const ImageInfo& info,
                       const at::Tensor& prompt, const std::vector<c10::IValue>& state0, GenerationOutcome* r) {
   Generation ref;
-  if (o.mode == "direct") {
+  if (o.mode == "direct" && !r->draft) {
     ref = r->g;
-  } else {
+  } else {  // plain greedy generation by the target alone, in memory
     InMemory reference(path, info);
-    ref = generate(path, [&](std::vector<c10::IValue> in) { return reference.sk.forward(std::move(in)); }, prompt, state0,
-                   o.new_tokens, {});
+    GenerateOptions plain = o;
+    plain.speculate.clear();
+    ref = generate([&](std::vector<c10::IValue> in) { return reference.sk.forward(std::move(in)); }, nullptr, prompt,
+                   state0, plain, {});
   }
   r->equal = ref.tokens == r->g.tokens;
+  for (size_t i = 0; i < ref.tokens.size() && r->first_difference < 0; ++i) {
+    if (i >= r->g.tokens.size() || ref.tokens[i] != r->g.tokens[i]) r->first_difference = static_cast<long>(i);
+  }
   r->raw = o.mode == "direct" ? 0 : raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
+}
+
+// With a draft: how the speculation went (Note [Speculative decoding]).
+void speculation_json(const GenerateOptions& o, const Draft& d, const Generation& g, int decoded, double decode_ms,
+                      json* j) {
+  const GenerationResult& r = g.r;
+  const size_t passes = r.pass_ms.size() - 1;  // after the prompt's
+  double k_sum = 0;
+  for (size_t i = 1; i < r.pass_k.size(); ++i) k_sum += r.pass_k[i];
+  (*j)["draft"] = d.path;
+  (*j)["speculate"] = o.speculate.empty() ? "auto" : o.speculate;
+  (*j)["draft_bytes"] = d.bytes;
+  (*j)["draft_activation_bytes"] = d.activation_peak;
+  (*j)["proposed"] = r.proposed;
+  (*j)["accepted"] = r.accepted;
+  (*j)["acceptance_rate"] = r.proposed ? static_cast<double>(r.accepted) / static_cast<double>(r.proposed) : 0.0;
+  (*j)["tokens_per_pass"] = passes ? static_cast<double>(decoded) / static_cast<double>(passes) : 0.0;
+  (*j)["k_mean"] = passes ? k_sum / static_cast<double>(passes) : 0.0;
+  (*j)["pass_k"] = r.pass_k;
+  (*j)["pass_tokens"] = r.pass_tokens;
+  (*j)["draft_ms_share"] = decode_ms > 0 ? r.draft_ms / decode_ms : 0.0;
 }
 
 json report_json(const std::string& path, const GenerateOptions& o, const ImageInfo& info, std::int64_t vocab,
@@ -276,7 +321,8 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
   json j;
   j["image"] = path;
   j["mode"] = o.mode;
-  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(b.eo.budget);
+  j["budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(parse_size(o.budget));
+  j["target_budget_bytes"] = o.mode == "direct" ? json(nullptr) : json(b.eo.budget);  // less the draft's share
   j["model_bytes"] = info.data_size;
   j["vocab"] = vocab;
   j["prompt_tokens"] = o.prompt_tokens;
@@ -306,17 +352,21 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
     j["remeasured_inputs"] = b.ex->remeasured();
     j["plan_read_bytes"] = p.read_bytes;
   }
+  j["first_difference"] = r.first_difference;
+  j["target_passes"] = g.call_ms.size();
+  if (r.draft) speculation_json(o, *r.draft, g, decoded, decode_ms, &j);
   return j;
 }
 
 void report(const std::string& path, const Common& c, const GenerateOptions& o, const ImageInfo& info,
-            std::int64_t vocab, const Backend& b, const GenerationOutcome& r) {
+            std::int64_t vocab, const Backend& b, const GenerationOutcome& r, const Vocabulary* vocab_text) {
   const Generation& g = r.g;
   const int decoded = o.new_tokens - 1;
   const double per_token_bytes =
       decoded > 0 ? static_cast<double>(g.read.back() - g.read.front()) / decoded
                   : static_cast<double>(g.read.front() - r.read0);
   json j = report_json(path, o, info, vocab, b, r, per_token_bytes);
+  if (vocab_text) j["text"] = vocab_text->decode(g.tokens);
   if (c.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -325,9 +375,19 @@ void report(const std::string& path, const Common& c, const GenerateOptions& o, 
     std::printf("time to first token %.1f ms; %.2f tokens/s (%.1f ms/token); %.1f MB read per token, I/O bound %.1f ms/token at %.0f MB/s\n",
                 j["time_to_first_token_ms"].get<double>(), j["tokens_per_s"].get<double>(),
                 j["ms_per_token"].get<double>(), per_token_bytes / 1e6, j["io_bound_ms_per_token"].get<double>(), r.raw);
-    std::printf("peak model memory %s (weights %s, activations and KV cache %s); tokens %s in-memory generation\n",
+    if (r.draft) {
+      std::printf("speculative: draft %s (%s) proposed %llu tokens, the target kept %llu (%.0f %%); %.2f tokens per pass "
+                  "of the target (k %s, mean %.1f)\n",
+                  r.draft->path.c_str(), format_bytes(r.draft->bytes).c_str(),
+                  static_cast<unsigned long long>(g.r.proposed), static_cast<unsigned long long>(g.r.accepted),
+                  100 * j["acceptance_rate"].get<double>(), j["tokens_per_pass"].get<double>(),
+                  j["speculate"].get<std::string>().c_str(), j["k_mean"].get<double>());
+    }
+    std::printf("peak model memory %s (weights %s, activations and KV cache %s); tokens %s greedy generation in memory",
                 format_bytes(r.weights_peak + r.act_peak).c_str(), format_bytes(r.weights_peak).c_str(),
                 format_bytes(r.act_peak).c_str(), r.equal ? "identical to" : "DIFFER from");
+    std::printf(r.equal ? "\n" : " (from token %ld)\n", r.first_difference);
+    if (vocab_text) std::printf("text: %s\n", vocab_text->decode(g.tokens).c_str());
   }
 }
 
@@ -344,19 +404,35 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   std::int64_t vocab = o.vocab > 0 ? o.vocab : vocabulary(shape_of);
   if (vocab <= 0) throw Error(path + ": no embedding layer tells the vocabulary size: give --vocab");
   const std::vector<c10::IValue> state0 = initial_state(path, c, o, info);
+  std::unique_ptr<Vocabulary> text;
+  if (!o.vocab_file.empty()) text = std::make_unique<Vocabulary>(Vocabulary::load(o.vocab_file));
+  if (!o.prompt_text.empty() && !text) throw Error("--prompt-text needs --vocab-file (the ids of its pieces)");
   at::manual_seed(c.seed);
-  const at::Tensor prompt = at::randint(0, vocab, {1, o.prompt_tokens}, at::TensorOptions().dtype(at::kLong));
-  const std::int64_t context = o.prompt_tokens + o.new_tokens - 1;  // tokens the last call's cache holds
+  const at::Tensor prompt =
+      text && !o.prompt_text.empty()
+          ? at::tensor(text->encode(o.prompt_text), at::TensorOptions().dtype(at::kLong)).unsqueeze(0)
+          : at::randint(0, vocab, {1, o.prompt_tokens}, at::TensorOptions().dtype(at::kLong));
+  GenerateOptions oo = o;
+  oo.prompt_tokens = static_cast<int>(prompt.size(1));
+  if (!o.draft.empty() && oo.speculate.empty()) oo.speculate = "auto";
+  const std::int64_t context = prompt.size(1) + o.new_tokens - 1;  // tokens the last call's cache holds
 
   Backend b;
   GenerationOutcome r;
+  Draft draft;
+  std::uint64_t draft_share = 0;
+  if (!o.draft.empty()) {
+    open_draft(o.draft, c, o.draft_state, &draft);
+    draft_share = measure_draft(draft, prompt, context);
+    r.draft = &draft;
+  }
   drop_page_cache(path);
   page_cache_bytes(path, &r.cache_before).throw_if_error();
-  open_backend(path, c, o, info, &b);
-  r.warm_ms = warm_up(path, o, b.fwd, prompt, state0, context);
-  timed_generation(path, o, info, b, prompt, state0, &r);
-  check_generation(path, o, info, prompt, state0, &r);
-  report(path, c, o, info, vocab, b, r);
+  open_backend(path, c, oo, info, draft_share, &b);
+  r.warm_ms = warm_up(path, oo, b.fwd, prompt, state0, context);
+  timed_generation(path, oo, info, b, prompt, state0, &r);
+  check_generation(path, oo, info, prompt, state0, &r);
+  report(path, c, oo, info, vocab, b, r, text.get());
   return r.equal ? 0 : 1;
 }
 

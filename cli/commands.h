@@ -72,6 +72,13 @@ struct GenerateOptions {
   std::string mode = "swapnet";     // --mode swapnet | direct | naive
   std::string profile;              // --profile device.json
   std::string read_ahead = "ring";  // --read-ahead
+  // Speculative decoding (Note [Speculative decoding] in assembly/src/speculate.cpp):
+  std::string draft;                     // --draft MODEL (.swapnet or .pt), held in memory
+  std::vector<std::string> draft_state;  // --draft-state SPEC (default: the draft image's example)
+  std::string speculate;                 // --speculate K | auto (with --draft, default auto)
+  int max_k = 8;                         // --max-k: auto's largest k
+  std::string vocab_file;                // --vocab-file V.json: --prompt-text and the text generated
+  std::string prompt_text;               // --prompt-text TEXT (needs --vocab-file)
 };
 int generate(const std::string& image, const Common& c, const GenerateOptions& o);
 

@@ -129,6 +129,15 @@ CLI::App* add_generate(CLI::App& app, Args& a) {
   gen->add_option("--profile", a.go.profile, "device profile (default $SWAPNET_PROFILE or ~/.cache/swapnet/device.json)");
   gen->add_option("--read-ahead", a.go.read_ahead, "ring | ring-whole | paper (default ring)");
   gen->add_option("--seed", a.common.seed, "seed of the prompt's token ids (default 0)");
+  gen->add_option("--draft", a.go.draft, "speculative decoding: a small draft model (.swapnet or .pt) held in memory "
+                  "proposes tokens the target checks in one pass (its bytes count in --budget)");
+  gen->add_option("--draft-state", a.go.draft_state, "the draft's initial state, like --state (default: the draft "
+                  "image's example state)");
+  gen->add_option("--speculate", a.go.speculate, "tokens the draft proposes per pass: K, or auto (default with "
+                  "--draft: chosen per pass from the measured acceptance and costs)");
+  gen->add_option("--max-k", a.go.max_k, "auto's largest K (default 8)");
+  gen->add_option("--vocab-file", a.go.vocab_file, "ids to text (a JSON list, models/textgen.py's): prints the text");
+  gen->add_option("--prompt-text", a.go.prompt_text, "the prompt as text, in --vocab-file's pieces");
   add_common(gen, a.common, false, false);
   return gen;
 }

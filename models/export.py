@@ -24,6 +24,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt  # noqa: E402
 import synthetic  # noqa: E402
+import textgen  # noqa: E402
 import yolov3  # noqa: E402
 
 RECIPE_VERSION = 1
@@ -148,6 +149,11 @@ MODELS = {
     # the prompt with an empty KV cache
     "gpt_small": (gpt.small, ["int64[1,16]:0..1000", "float32[4,2,1,4,0,32]"], "script"),
     "gpt_350m": (gpt.medium, ["int64[1,32]:0..50257", "float32[24,2,1,16,0,64]"], "script"),
+    # trained decoder pairs for speculative decoding (models/textgen.py): target and draft
+    **{name: (ctor, [f"int64[1,16]:0..{textgen.vocab_size()}", textgen.cache_spec(pair, which)], "script")
+       for pair in textgen.SIZES
+       for name, ctor, which in ((pair, (lambda p=pair: textgen.target(p)), "target"),
+                                 (pair + "_draft", (lambda p=pair: textgen.draft(p)), "draft"))},
     # paper: the four models the design is evaluated on
     "resnet101": (lambda: tv().resnet101(weights=None), [1, 3, 224, 224], "script"),
     "vgg19": (lambda: tv().vgg19(weights=None), [1, 3, 224, 224], "script"),
@@ -183,8 +189,8 @@ MODELS = {
 
 SETS = {
     "small": ["resnet18", "mobilenet_v2", "synthetic", "resnet18_traced", "token_classifier",
-              "transformer_encoder", "lstm", "gru", "gpt_small"],
-    "llm": ["gpt_350m"],
+              "transformer_encoder", "lstm", "gru", "gpt_small", "textgen_small", "textgen_small_draft"],
+    "llm": ["gpt_350m", "textgen", "textgen_draft"],
     "paper": ["resnet101", "vgg19", "fcn_resnet101", "yolov3"],
     "zoo": ["densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2",
             "mnasnet0_5", "mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf",
@@ -238,6 +244,9 @@ def export(name: str, out: str) -> dict:
     if how == "script-train":
         scripted.train()
     atomic_save(lambda p: scripted.save(p), path)
+    if name in textgen.SIZES:  # the ids' text, for a reader of generated tokens
+        atomic_save(lambda p: open(p, "w").write(json.dumps(textgen.vocab_strings()) + "\n"),
+                    os.path.join(out, name + "_vocab.json"))
     params = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return {"input_shape": shape, "parameters": params, "state_bytes": state_bytes}

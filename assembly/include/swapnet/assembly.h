@@ -614,6 +614,35 @@ SWAPNET_API std::vector<c10::IValue> make_inputs(const std::vector<std::string>&
 // deep-copied, None kept.
 SWAPNET_API std::vector<c10::IValue> clone_inputs(const std::vector<c10::IValue>& in);
 
+// ---- greedy generation, plain or speculative (Note [Speculative decoding] in speculate.cpp) ----
+// A decoder's forward(tokens int64 [1, T], *state) -> (logits [1, T, vocab], *state): an
+// Executor's, a Skeleton's, a torch::jit::Module's.
+using TokenModel = std::function<c10::IValue(std::vector<c10::IValue>)>;
+struct GenerationOptions {
+  int new_tokens = 16;
+  // Tokens the draft proposes per pass of the target: 0 chooses it per pass from the measured
+  // acceptance and costs (Note [Choosing k]), up to max_k; with no draft, ignored.
+  int k = 0;
+  int max_k = 8;
+  std::function<void()> after_pass;  // called after each pass of the target (e.g. to count reads)
+};
+struct GenerationResult {
+  std::vector<std::int64_t> tokens;  // new_tokens ids: what greedy decoding by the target gives
+  std::vector<double> pass_ms;       // each target pass, its draft calls included; [0]: the prompt's
+  std::vector<int> pass_tokens;      // tokens each pass produced
+  std::vector<int> pass_k;           // tokens the draft proposed for it (0: none)
+  std::uint64_t proposed = 0, accepted = 0;  // the draft's proposals, and those the target kept
+  double draft_ms = 0;               // time in the draft's calls
+};
+// Generates greedily (argmax, ties to the lowest id) from `prompt` [1, T] with the target's and
+// the draft's initial states. With a draft, the target checks k proposed tokens in one pass and
+// keeps the longest prefix its own greedy choice agrees with, then its own next token; states
+// are cut back to the kept length along their sequence dimension (the one a call grows by its
+// tokens; a state that does not grow so is refused, naming it). `draft` empty: one token a pass.
+SWAPNET_API GenerationResult generate_tokens(const TokenModel& target, const TokenModel& draft, const at::Tensor& prompt,
+                                           const std::vector<c10::IValue>& target_state,
+                                           const std::vector<c10::IValue>& draft_state, const GenerationOptions& o);
+
 // ---- input profiles (Note [Dynamic shapes] in input_meter.cpp) ----
 // forward's arguments as an image records them (InputProfile::inputs): tensors by dtype and
 // sizes, lists/tuples/dicts flattened, other values as text.
