@@ -6,9 +6,19 @@
 # The bound per token is bytes read per token / the raw O_DIRECT rate measured in the same run.
 #   bench/generate.sh [--rounds N] [--new-tokens M] [--prompt-tokens N] [--rates "host 1GB/s 400MB/s"]
 # Writes bench/results/generate.jsonl (one line per run) and generate.md (the table).
+#   bench/generate.sh --speculative [--rounds N] [--new-tokens M] [--rates ...]: speculative
+# decoding (issue 50) with the trained pair of models/textgen.py (textgen, its draft held in
+# memory): plain swapped generation against --draft at 1/4 and 1/2 of the target's weights (the
+# draft's bytes inside the budget), in memory beside them; acceptance, tokens per pass, bytes
+# read per token, the bound (bytes read per token / the raw rate of the same run). Writes
+# generate_speculative.jsonl and .md.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 rounds=2 new=8 prompt=32 rates="host 1GB/s 400MB/s"
+if [ "${1:-}" = --speculative ]; then
+  shift
+  exec bash "$repo/bench/generate_speculative.sh" "$@"
+fi
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;

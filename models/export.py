@@ -275,11 +275,12 @@ def main() -> int:
     for n in names:
         path = os.path.join(args.out, n + ".pt")
         entry = manifest.get(n)
-        if entry and entry.get("recipe") == RECIPE_VERSION and os.path.exists(path):
+        recipe = textgen.recipe(n, RECIPE_VERSION)
+        if entry and entry.get("recipe") == recipe and os.path.exists(path):
             continue
         print(f"export.py: writing {path}", file=sys.stderr, flush=True)
         entry = export(n, args.out)
-        entry["recipe"] = RECIPE_VERSION
+        entry["recipe"] = recipe
         manifest[n] = entry
         atomic_save(lambda p: open(p, "w").write(json.dumps(manifest, indent=1) + "\n"),
                     manifest_path)

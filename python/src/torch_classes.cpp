@@ -246,9 +246,44 @@ struct RuntimeHolder : torch::CustomClassHolder {
   }
 };
 
+// Greedy generation (generate_tokens in assembly.h; Note [Speculative decoding]) with `target`,
+// and with `draft` (a list of zero or one Executor) proposing tokens: JSON with the tokens and
+// what the passes did.
+std::string generate(const c10::IValue& target, const c10::List<c10::IValue>& draft, const at::Tensor& prompt,
+                     const c10::List<c10::IValue>& target_state, const c10::List<c10::IValue>& draft_state,
+                     std::int64_t new_tokens, std::int64_t k, std::int64_t max_k) {
+  return guarded([&] {
+    auto as_model = [](const c10::IValue& v, const char* what) -> TokenModel {
+      if (!v.isCustomClass()) throw Error(std::string("generate: ") + what + " is not a swapnet.Executor");
+      auto h = v.toCustomClass<ExecutorHolder>();
+      return [h](std::vector<c10::IValue> in) {
+        c10::impl::GenericList list(c10::AnyType::get());
+        for (auto& x : in) list.push_back(std::move(x));
+        return h->forward(list);
+      };
+    };
+    if (draft.size() > 1) throw Error("generate: one draft at most");
+    auto vec = [](const c10::List<c10::IValue>& l) { return std::vector<c10::IValue>(l.begin(), l.end()); };
+    GenerationOptions o;
+    o.new_tokens = static_cast<int>(new_tokens);
+    o.k = static_cast<int>(k);
+    o.max_k = static_cast<int>(max_k);
+    const GenerationResult r = generate_tokens(as_model(target, "the target"),
+                                               draft.empty() ? TokenModel() : as_model(draft.get(0), "the draft"),
+                                               prompt, vec(target_state), vec(draft_state), o);
+    return json{{"tokens", r.tokens},       {"pass_ms", r.pass_ms}, {"pass_tokens", r.pass_tokens},
+                {"pass_k", r.pass_k},       {"proposed", r.proposed}, {"accepted", r.accepted},
+                {"draft_ms", r.draft_ms}}
+        .dump();
+  });
+}
+
 TORCH_LIBRARY(swapnet, m) {
   m.def("pack(str model, str image, Any[] inputs) -> str", &pack);
   m.def("image_info(str image) -> str", &image_info);
+  m.def("generate(Any target, Any[] draft, Tensor prompt, Any[] target_state, Any[] draft_state, int new_tokens, "
+        "int k, int max_k) -> str",
+        &generate);
   m.class_<ExecutorHolder>("Executor")
       .def(torch::init<std::string, std::int64_t, std::string>())
       .def("forward", &ExecutorHolder::forward)

@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-__all__ = ["Error", "pack", "image_info", "Executor", "Runtime", "parse_size", "library_path"]
+__all__ = ["Error", "pack", "image_info", "Executor", "Runtime", "generate", "parse_size", "library_path"]
 
 
 class Error(RuntimeError):
@@ -190,6 +190,31 @@ class Executor:
         p = self.plan
         return "swapnet.Executor(%r, budget=%d: %d blocks, %d resident, predicted %.1f ms)" % (
             self.image, self._budget, len(p["blocks"]), sum(p["resident"]), p["predicted_ms"])
+
+
+def generate(target, prompt, state=(), *, new_tokens=16, draft=None, draft_state=(), speculate="auto",
+             max_k=8):
+    """Greedy token generation with a decoder Executor, forward(tokens, *state) -> (logits, *state)
+    (swapnet generate's convention), `prompt` int64 [1, T]. With `draft` (an Executor of a small
+    model of the same vocabulary, e.g. budget="100%" to hold it whole), speculative decoding: the
+    draft proposes tokens, the target checks them in one pass (one read of its swapped weights for
+    several tokens); the tokens are those greedy decoding by the target alone gives. `speculate`:
+    tokens proposed per pass, or "auto" (chosen per pass from the measured acceptance and costs,
+    up to max_k). Returns a dict: tokens, pass_ms, pass_tokens, pass_k, proposed, accepted,
+    draft_ms. Raises Error for a state that does not grow along one dimension by the tokens of a
+    call (it could not be cut back to the tokens kept), or a draft of another vocabulary."""
+    if speculate == "auto":
+        k = 0
+    elif isinstance(speculate, int) and 1 <= speculate <= 64:
+        k = speculate
+    else:
+        raise Error("generate: speculate=%r: give 'auto' or a number of tokens from 1 to 64" % (speculate,))
+    if draft is None and speculate != "auto":
+        raise Error("generate: speculate=%r needs a draft" % (speculate,))
+    drafts = [] if draft is None else [draft._ex]
+    out = _call(torch.ops.swapnet.generate, target._ex, drafts, prompt, list(state), list(draft_state),
+                int(new_tokens), k, int(max_k))
+    return json.loads(out)
 
 
 class Runtime:

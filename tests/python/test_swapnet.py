@@ -236,3 +236,34 @@ def test_parse_size():
         swapnet.parse_size(-5)
     with pytest.raises(TypeError):
         swapnet.parse_size(True)
+
+
+def test_speculative_generation_gives_the_targets_greedy_tokens(tmp_path):
+    """swapnet.generate with the trained CI pair (models/textgen.py): the target swapped at half
+    of its weights, the draft held whole; tokens equal greedy decoding by torch.jit.load's target
+    one token at a time, with and without the draft; the draft's proposals partly kept."""
+    target_pt, draft_pt = model_path("textgen_small"), model_path("textgen_small_draft")
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11, 2, 30]])
+    t_cache, d_cache = torch.zeros(2, 2, 1, 4, 0, 32), torch.zeros(1, 2, 1, 2, 0, 32)
+    images = []
+    for pt, cache in ((target_pt, t_cache), (draft_pt, d_cache)):
+        images.append(str(tmp_path / (os.path.basename(pt) + ".swapnet")))
+        swapnet.pack(pt, images[-1], [prompt, cache])
+    ref_model = torch.jit.load(target_pt).eval()
+    ref, x, cache = [], prompt, t_cache
+    with torch.no_grad():
+        for _ in range(32):
+            logits, cache = ref_model(x, cache)
+            ref.append(int(logits[0, -1].argmax()))
+            x = torch.tensor([[ref[-1]]])
+    target = swapnet.Executor(images[0], budget=swapnet.image_info(images[0])["data_bytes"] // 2 + (1 << 20))
+    draft = swapnet.Executor(images[1], budget="100%")
+    plain = swapnet.generate(target, prompt, [t_cache], new_tokens=32)
+    assert plain["tokens"] == ref and plain["proposed"] == 0
+    spec = swapnet.generate(target, prompt, [t_cache], new_tokens=32, draft=draft, draft_state=[d_cache], speculate=4)
+    assert spec["tokens"] == ref
+    assert 0 < spec["accepted"] <= spec["proposed"] and max(spec["pass_k"]) <= 4
+    auto = swapnet.generate(target, prompt, [t_cache], new_tokens=32, draft=draft, draft_state=[d_cache])
+    assert auto["tokens"] == ref
+    with pytest.raises(swapnet.Error, match="speculate=0"):
+        swapnet.generate(target, prompt, [t_cache], draft=draft, draft_state=[d_cache], speculate=0)
