@@ -3,11 +3,14 @@
 # swapped generation, with the trained pair of models/textgen.py. Each run is its own process
 # (`swapnet generate --json`), modes interleaved in every round; medians over rounds.
 #   bench/generate_speculative.sh [--rounds N] [--new-tokens M] [--rates "host 1GB/s 400MB/s"]
+#                                 [--fractions "1/4 1/2"]  (of the target's weights: the budget,
+#                                 the draft's share inside it)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-rounds=3 new=64 rates="host 1GB/s 400MB/s"
+rounds=3 new=64 rates="host 1GB/s 400MB/s" fractions="1/4 1/2"
 while [ $# -gt 0 ]; do
   case "$1" in
+    --fractions) fractions=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --new-tokens) new=$2; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
@@ -30,17 +33,19 @@ rows=$out/generate_speculative.jsonl
 : > "$rows"
 for rate in $rates; do
   for r in $(seq 1 "$rounds"); do
-    for run in "direct - -" "plain 4 -" "speculative 4 auto" "plain 2 -" "speculative 2 auto"; do
+    runs=("direct - -")
+    for f in $fractions; do runs+=("plain $f -" "speculative $f auto"); done
+    for run in "${runs[@]}"; do
       set -- $run
       mode=$1 div=$2 k=$3
       args=(--new-tokens "$new" --vocab-file "$vocab_file" --prompt-text "$prompt" --json)
       if [ "$mode" = direct ]; then
         args+=(--mode direct)
       else
-        args+=(--budget $((data / div)))
+        args+=(--budget $((data * ${div%/*} / ${div#*/})))
       fi
       [ "$mode" = speculative ] && args+=(--draft "$dimg" --speculate "$k")
-      echo "bench/generate.sh --speculative: $rate round $r: $mode at 1/${div/-/1} of the weights" >&2
+      echo "bench/generate.sh --speculative: $rate round $r: $mode at ${div/-/1} of the weights" >&2
       bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$cli" generate "$img" "${args[@]}" > "$rows.one"
       /usr/bin/python3 -c 'import json,sys
 j = json.load(open(sys.argv[4]))
@@ -93,7 +98,7 @@ for k in keys:
     bound = med(rs, lambda r: r["io_bound_ms_per_token"])
     spec = run == "speculative"
     b = rs[0]["budget_bytes"]
-    print(f"| {rate} | {run} | {'in memory' if frac == '-' else '1/' + frac} | {tps[k]:.1f} | "
+    print(f"| {rate} | {run} | {'in memory' if frac == '-' else frac} | {tps[k]:.1f} | "
           f"{tps[k] / plain if plain and run != 'direct' else float('nan'):.2f} | {ms:.1f} | {bound:.1f} | "
           f"{ms / bound if bound else float('nan'):.2f} | {med(rs, lambda r: r['bytes_read_per_token']) / 1e6:.1f} | "
           f"{med(rs, lambda r: r['acceptance_rate']) if spec else float('nan'):.2f} | "

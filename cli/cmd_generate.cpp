@@ -52,7 +52,8 @@ struct Generation {
   GenerationResult r;                // passes, proposals and acceptance
 };
 
-// The rows of the first embedding's weight: the vocabulary, for a model that embeds its tokens.
+}  // namespace
+
 std::int64_t vocabulary(const Skeleton& sk) {
   for (const auto& L : sk.layers()) {
     if (std::find(L.ops.begin(), L.ops.end(), "aten::embedding") == L.ops.end()) continue;
@@ -62,6 +63,8 @@ std::int64_t vocabulary(const Skeleton& sk) {
   }
   return 0;
 }
+
+namespace {
 
 // The generation of Note [Generation] (generate_tokens; with a draft, speculative: Note
 // [Speculative decoding]). `read` reports bytes read so far (empty: none).
@@ -423,6 +426,11 @@ int generate(const std::string& path, const Common& c, const GenerateOptions& o)
   std::uint64_t draft_share = 0;
   if (!o.draft.empty()) {
     open_draft(o.draft, c, o.draft_state, &draft);
+    const std::int64_t dv = vocabulary(draft.mem ? draft.mem->sk : *draft.sk);
+    if (dv > 0 && dv != vocab) {
+      throw Error(o.draft + ": the draft's vocabulary (" + std::to_string(dv) + " ids) is not the target's (" +
+                  std::to_string(vocab) + ", " + path + ")");
+    }
     draft_share = measure_draft(draft, prompt, context);
     r.draft = &draft;
   }

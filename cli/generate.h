@@ -22,6 +22,8 @@ namespace cli {
 // tokens: what the last call of the generation holds (zeros).
 std::vector<c10::IValue> final_state(const std::vector<c10::IValue>& state0, const c10::IValue& after_prompt,
                                      std::int64_t prompt_tokens, std::int64_t context);
+// The rows of the first embedding's weight: the vocabulary, for a model that embeds its tokens (0: none).
+std::int64_t vocabulary(const Skeleton& sk);
 // The initial state from the image's example input after the tokens, as zeros.
 std::vector<c10::IValue> example_state(const std::string& path, const ImageInfo& info);
 

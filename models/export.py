@@ -272,6 +272,7 @@ def main() -> int:
         with open(manifest_path) as f:
             manifest = json.load(f)
     torch.set_num_threads(os.cpu_count() or 1)
+    textgen.teacher_dir = args.out
     for n in names:
         path = os.path.join(args.out, n + ".pt")
         entry = manifest.get(n)

@@ -17,8 +17,8 @@ seeded generator, AdamW with a linear decay, a fixed number of steps.
 Pairs (name: target / draft):
   textgen_small  (CI):    2 layers d 128 (0.7 M parameters, 2.9 MB) / 1 layer d 64;
                           ~25 s of training on 2 cores;
-  textgen        (bench): 4 layers d 256 (3.8 M parameters, 15 MB) / 1 layer d 128;
-                          ~7 minutes on 2 cores.
+  textgen        (bench): 6 layers d 384 (11.6 M parameters, 46 MB) / 2 layers d 128 (0.8 M);
+                          ~16 minutes on 2 cores.
 """
 import os
 import re
@@ -76,16 +76,20 @@ SIZES: Dict[str, dict] = {
     # name: target shape, draft shape, training steps (target, draft), batch, window
     "textgen_small": dict(target=dict(d=128, layers=2, heads=4), draft=dict(d=64, layers=1, heads=2),
                           steps=(200, 150), batch=8, window=64, lr=3e-3),
-    "textgen": dict(target=dict(d=256, layers=4, heads=4), draft=dict(d=128, layers=1, heads=4),
-                    steps=(600, 300), batch=8, window=128, lr=3e-3),
+    "textgen": dict(target=dict(d=384, layers=6, heads=6), draft=dict(d=128, layers=2, heads=4),
+                    steps=(600, 600), batch=8, window=128, lr=3e-3),
 }
-RECIPE = 3  # bumped when a pair's training changes: export.py writes the pairs again
+# Bumped when a target's or a draft's training changes: export.py writes those models again.
+RECIPE = {"target": 4, "draft": 5}
+# Where export.py writes the models: a draft is distilled from the target written there.
+teacher_dir = ""
 
 
 def recipe(name: str, base: int):
     """export.py's recipe stamp for model `name`: the pairs' own version beside the base one."""
-    pair = name[:-len("_draft")] if name.endswith("_draft") else name
-    return f"{base}.textgen{RECIPE}" if pair in SIZES else base
+    which = "draft" if name.endswith("_draft") else "target"
+    pair = name[:-len("_draft")] if which == "draft" else name
+    return f"{base}.textgen{RECIPE[which]}" if pair in SIZES else base
 CONTEXT = 512
 
 
@@ -107,31 +111,52 @@ def _windows(data: torch.Tensor, gen: torch.Generator, batch: int, window: int) 
     return torch.stack([data[s:s + window + 1] for s in starts.tolist()])
 
 
-def _empty_cache(m: gpt.GPT, batch: int) -> torch.Tensor:
-    blk = m.blocks[0]
-    d = m.wte.embedding_dim
-    return torch.zeros(len(m.blocks), 2, batch, blk.heads, 0, d // blk.heads)
+def _empty_cache(shape: dict, batch: int) -> torch.Tensor:
+    return torch.zeros(shape["layers"], 2, batch, shape["heads"], 0, shape["d"] // shape["heads"])
 
 
-def _train(model: gpt.GPT, steps: int, lr: float, batch: int, window: int, seed: int,
-           teacher: Optional[nn.Module] = None) -> gpt.GPT:
-    """`steps` of AdamW on windows of the corpus: cross-entropy with the next byte, or, given a
-    `teacher`, the KL divergence from the teacher's next-byte distribution (distillation)."""
+@torch.no_grad()
+def _greedy_text(teacher: nn.Module, shape: dict, data: torch.Tensor, gen: torch.Generator, n: int,
+                 window: int) -> torch.Tensor:
+    """`n` sequences of `window` + 1 tokens: 8 tokens of the corpus, then the teacher's greedy
+    continuation (what a draft is asked to predict when the target generates)."""
+    starts = torch.randint(0, data.numel() - 8, (n,), generator=gen)
+    x = torch.stack([data[s:s + 8] for s in starts.tolist()])
+    seq, cache = x, _empty_cache(shape, n)
+    while seq.size(1) < window + 1:
+        logits, cache = teacher(x, cache)
+        x = logits[:, -1:].argmax(-1)
+        seq = torch.cat([seq, x], 1)
+    return seq
+
+
+def _train(model: gpt.GPT, shape: dict, steps: int, lr: float, batch: int, window: int, seed: int,
+           teacher: Optional[nn.Module] = None, teacher_shape: Optional[dict] = None) -> gpt.GPT:
+    """`steps` of AdamW on windows of the corpus: cross-entropy with the next token, or, given a
+    `teacher`, the KL divergence from the teacher's next-token distribution (distillation), on
+    windows of the corpus and, every other step, of the teacher's own greedy text (sequence-level
+    distillation: the draft learns what the target says, not only what the text says)."""
     data, vocab = corpus()
     v = len(vocab)
+    own = _greedy_text(teacher, teacher_shape, data, torch.Generator().manual_seed(seed + 1), 8 * batch, window) \
+        if teacher is not None else None
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(steps, 1))
+    # A short warm-up, then a linear decay to 0.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * (1.0 - i / max(steps, 1)))
     model.train()
-    for _ in range(steps):
-        w = _windows(data, gen, batch, window)
+    for step in range(steps):
+        if own is not None and step % 2 == 1:
+            w = own[torch.randint(0, own.size(0), (batch,), generator=gen)]
+        else:
+            w = _windows(data, gen, batch, window)
         x, y = w[:, :-1], w[:, 1:]
-        logits, _ = model(x, _empty_cache(model, batch))
+        logits, _ = model(x, _empty_cache(shape, batch))
         if teacher is None:
             loss = F.cross_entropy(logits.reshape(-1, v), y.reshape(-1))
         else:
             with torch.no_grad():
-                t_logits, _ = teacher(x, _empty_cache(teacher, batch))
+                t_logits, _ = teacher(x, _empty_cache(teacher_shape, batch))
             loss = F.kl_div(F.log_softmax(logits, -1).reshape(-1, v),
                             F.log_softmax(t_logits, -1).reshape(-1, v),
                             log_target=True, reduction="batchmean")
@@ -150,7 +175,7 @@ def target(pair: str) -> gpt.GPT:
     if pair not in _trained:
         s = SIZES[pair]
         torch.manual_seed(1000 + len(pair))
-        _trained[pair] = _train(_model(s["target"]), s["steps"][0], s["lr"], s["batch"], s["window"],
+        _trained[pair] = _train(_model(s["target"]), s["target"], s["steps"][0], s["lr"], s["batch"], s["window"],
                                 seed=2000 + len(pair))
     return _trained[pair]
 
@@ -158,10 +183,12 @@ def target(pair: str) -> gpt.GPT:
 def draft(pair: str) -> gpt.GPT:
     """The pair's draft, distilled from its target."""
     s = SIZES[pair]
-    teacher = target(pair)
+    written = os.path.join(teacher_dir, pair + ".pt") if teacher_dir else ""
+    # The target export.py wrote (the same recipe: it writes the target first), else trained here.
+    teacher = target(pair) if pair in _trained or not os.path.isfile(written) else torch.jit.load(written).eval()
     torch.manual_seed(3000 + len(pair))
-    return _train(_model(s["draft"]), s["steps"][1], s["lr"] * 2, s["batch"], s["window"],
-                  seed=4000 + len(pair), teacher=teacher)
+    return _train(_model(s["draft"]), s["draft"], s["steps"][1], s["lr"], s["batch"], s["window"],
+                  seed=4000 + len(pair), teacher=teacher, teacher_shape=s["target"])
 
 
 def cache_spec(pair: str, which: str) -> str:
