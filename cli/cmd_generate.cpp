@@ -68,15 +68,17 @@ namespace {
 
 // The generation of Note [Generation] (generate_tokens; with a draft, speculative: Note
 // [Speculative decoding]). `read` reports bytes read so far (empty: none).
+// `drop_draft`: called if the draft is dropped (GenerationOptions::drop_draft).
 Generation generate(const Forward& fwd, const Draft* draft, const at::Tensor& prompt,
                     const std::vector<c10::IValue>& state0, const GenerateOptions& o,
-                    const std::function<std::uint64_t()>& read) {
+                    const std::function<std::uint64_t()>& read, const std::function<void()>& drop_draft = {}) {
   Generation g;
   GenerationOptions go;
   go.new_tokens = o.new_tokens;
   go.k = o.speculate.empty() || o.speculate == "auto" ? 0 : std::stoi(o.speculate);
   go.max_k = o.max_k;
   go.after_pass = [&] { g.read.push_back(read ? read() : 0); };
+  go.drop_draft = drop_draft;
   g.r = generate_tokens(fwd, draft ? draft->fwd : TokenModel(), prompt, state0,
                         draft ? draft->state0 : std::vector<c10::IValue>{}, go);
   g.tokens = g.r.tokens;
@@ -250,7 +252,9 @@ struct GenerationOutcome {
   bool equal = false;  // tokens as in the in-memory generation
   long first_difference = -1;  // the first token that is not, -1 if none
   double raw = 0;      // the disk's raw rate, MB/s (0 in direct mode)
-  const Draft* draft = nullptr;  // with --draft
+  Draft* draft = nullptr;  // with --draft
+  bool draft_dropped = false;
+  std::uint64_t peak = 0;  // weights + activations at most (the larger phase's, a draft dropped)
 };
 
 // The timed generation, and what it took.
@@ -264,12 +268,34 @@ void timed_generation(const std::string& path, const GenerateOptions& o, const I
   const std::uint64_t base = cpu_meter().current;
   reset_cpu_meter_peak();
   r->read0 = b.read ? b.read() : 0;
-  r->g = generate(b.fwd, r->draft, prompt, state0, o, b.read);
-  r->act_peak = cpu_meter().peak > base ? cpu_meter().peak - base : 0;
-  r->weights_peak = (b.ex                 ? b.ex->weight_memory().peak
-                     : o.mode == "direct" ? info.data_size
-                                          : largest_block(b.nplan)) +  // naive's read buffer
-                    (r->draft ? r->draft->bytes : 0);
+  auto weights_now = [&] {
+    return b.ex ? b.ex->weight_memory().peak : o.mode == "direct" ? info.data_size : largest_block(b.nplan);
+  };
+  auto act_now = [&] { return cpu_meter().peak > base ? cpu_meter().peak - base : 0; };
+  const std::uint64_t draft_bytes = r->draft ? r->draft->bytes : 0;
+  // A draft that does not pay is dropped (Note [Choosing k]): its weights and state freed, the
+  // whole budget the target's. Memory is then measured afresh: the peak is the larger of the two
+  // phases' (each phase's weights + activations), never their sum.
+  std::uint64_t phase_weights = 0, phase_act = 0, phase_peak = 0;
+  auto drop = [&] {
+    if (!r->draft) return;
+    phase_weights = weights_now() + draft_bytes;
+    phase_act = act_now();
+    phase_peak = phase_weights + phase_act;
+    r->draft->mem.reset();
+    r->draft->sk.reset();
+    r->draft_dropped = true;
+    if (b.ex) {
+      b.ex->reset_weight_peak();
+      b.ex->set_budget(parse_size(o.budget));
+    }
+    reset_cpu_meter_peak();
+  };
+  r->g = generate(b.fwd, r->draft, prompt, state0, o, b.read, drop);
+  const std::uint64_t w = weights_now() + (r->draft && !r->draft_dropped ? draft_bytes : 0), a = act_now();
+  r->weights_peak = std::max(w, phase_weights);
+  r->act_peak = std::max(a, phase_act);
+  r->peak = std::max(w + a, phase_peak);
   page_cache_bytes(path, &r->cache_after).throw_if_error();
   r->rss = vm_hwm_bytes();
 }
@@ -313,6 +339,7 @@ void speculation_json(const GenerateOptions& o, const Draft& d, const Generation
   (*j)["pass_k"] = r.pass_k;
   (*j)["pass_tokens"] = r.pass_tokens;
   (*j)["draft_ms_share"] = decode_ms > 0 ? r.draft_ms / decode_ms : 0.0;
+  (*j)["draft_dropped_at_pass"] = r.draft_dropped_at;
 }
 
 json report_json(const std::string& path, const GenerateOptions& o, const ImageInfo& info, std::int64_t vocab,
@@ -339,7 +366,7 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
   j["bytes_read_per_token"] = per_token_bytes;
   j["raw_io_mb_s"] = r.raw;
   j["io_bound_ms_per_token"] = r.raw > 0 ? per_token_bytes / (r.raw * 1e3) : 0.0;
-  j["peak_model_bytes"] = r.weights_peak + r.act_peak;
+  j["peak_model_bytes"] = r.peak;
   j["weights_peak_bytes"] = r.weights_peak;
   j["activation_peak_bytes"] = r.act_peak;  // the state (KV cache) included
   j["peak_rss_bytes"] = r.rss;
@@ -387,7 +414,7 @@ void report(const std::string& path, const Common& c, const GenerateOptions& o, 
                   j["speculate"].get<std::string>().c_str(), j["k_mean"].get<double>());
     }
     std::printf("peak model memory %s (weights %s, activations and KV cache %s); tokens %s greedy generation in memory",
-                format_bytes(r.weights_peak + r.act_peak).c_str(), format_bytes(r.weights_peak).c_str(),
+                format_bytes(r.peak).c_str(), format_bytes(r.weights_peak).c_str(),
                 format_bytes(r.act_peak).c_str(), r.equal ? "identical to" : "DIFFER from");
     std::printf(r.equal ? "\n" : " (from token %ld)\n", r.first_difference);
     if (vocab_text) std::printf("text: %s\n", vocab_text->decode(g.tokens).c_str());

@@ -4,7 +4,7 @@
 // state cut back wrongly changes the tokens that follow). What it shows:
 //  - speculative tokens equal plain greedy decoding for every k, with the draft partly right;
 //  - a draft always right gives k + 1 tokens per pass; auto's k rises to max_k with it and falls
-//    to plain decoding (k 0, with probes of 1) with a draft always wrong;
+//    to plain decoding (k 0, with probes of 1) with a draft always wrong, which is then dropped;
 //  - a state that breaks the contract (does not grow, grows along two dimensions) and a draft of
 //    another vocabulary are refused with errors naming them.
 #include <ATen/ATen.h>
@@ -86,8 +86,21 @@ TEST(Speculate, AutoKRisesWithAGoodDraftAndFallsWithABadOne) {
   int at_most = 0;  // passes at max_k once acceptance is learned, the last (cut to what is left) aside
   for (size_t i = 3; i + 1 < good.pass_k.size(); ++i) at_most += good.pass_k[i] == 6;
   EXPECT_GE(at_most, static_cast<int>(good.pass_k.size() - 4) * 3 / 4) << "k: " << c10::str(good.pass_k);
-  const GenerationResult bad = gen(toy(Draft::kSame, kVocab, 2), toy(Draft::kWrong, kVocab, 0.5), 0, 60, 6);
+  EXPECT_EQ(good.draft_dropped_at, -1);
+  GenerationOptions o;
+  o.new_tokens = 60;
+  o.max_k = 6;
+  int dropped = 0;
+  o.drop_draft = [&] { ++dropped; };
+  const GenerationResult bad = generate_tokens(toy(Draft::kSame, kVocab, 2), toy(Draft::kWrong, kVocab, 0.5), kPrompt,
+                                               empty_state(), empty_state(), o);
   EXPECT_EQ(bad.tokens, gen(toy(Draft::kSame), {}, 0, 60).tokens);
+  // A draft that never pays is dropped (its memory may go to the target), once.
+  EXPECT_EQ(dropped, 1);
+  EXPECT_GT(bad.draft_dropped_at, 0);
+  for (size_t i = static_cast<size_t>(std::max(bad.draft_dropped_at, 0)) + 1; i < bad.pass_k.size(); ++i) {
+    EXPECT_EQ(bad.pass_k[i], 0) << "pass " << i << " after the draft was dropped";
+  }
   EXPECT_EQ(bad.accepted, 0u);
   int plain_passes = 0;
   for (size_t i = 20; i < bad.pass_k.size(); ++i) plain_passes += bad.pass_k[i] == 0;

@@ -38,6 +38,9 @@
 // a decayed least-squares fit of pass time against tokens per pass (p1 = 0 until passes of two
 // sizes were seen: a swapped target's passes are mostly reads). k = 0 (plain decoding) is chosen
 // when no k pays, and a pass of k = 1 is tried every 8th pass so that the estimate can recover.
+// A draft that has not paid for 16 passes in a row (its probes included) is dropped for the rest
+// of the generation: it holds memory the target could read less with (GenerationOptions::
+// drop_draft gives it back).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -125,6 +128,7 @@ class SequenceState {
   }
 
   std::int64_t length() const { return length_; }
+  void clear() { state_.clear(); }  // frees the state (a dropped draft's)
 
  private:
   // The one dimension `after` exceeds `before` in, by n; -1 if there is not exactly one so.
@@ -159,9 +163,11 @@ class KChooser {
       const double v = value(c);
       if (v > best) best = v, k = c;
     }
+    unpaid_ = k == 0 ? unpaid_ + 1 : 0;
     if (k == 0 && passes_ % 8 == 0) k = 1;  // a probe, so the estimates can recover
     return k;
   }
+  bool draft_unpaid() const { return unpaid_ >= 16; }
 
   void observe_pass(int k, int accepted, double target_ms, double draft_ms) {
     acc_ = acc_ * kKeep + accepted;
@@ -189,6 +195,7 @@ class KChooser {
 
   int max_k_;
   long passes_ = 0;
+  int unpaid_ = 0;  // passes in a row where no k paid
   double acc_ = 1, rej_ = 1;  // decayed: proposals kept, passes that refused one
   double d_ = 0;              // one draft call, ms
   long d_n_ = 0;
@@ -216,7 +223,8 @@ struct Pass {
   std::vector<std::int64_t>& draft_pending;  // tokens the draft has not seen yet
   const TokenModel& target_fwd;
   const TokenModel& draft_fwd;
-  std::int64_t vocab;  // the target's
+  std::int64_t vocab;     // the target's
+  const bool& drafting;  // the draft is in use (not dropped: Note [Choosing k])
 
   int run(int k, std::vector<std::int64_t>* out, double* draft_ms) {
     const std::int64_t pending = out->back();  // the target has not seen it yet
@@ -248,7 +256,7 @@ struct Pass {
     out->push_back(choice);
     target.cut(before + 1 + kept);
     if (k == 0) {
-      if (draft_fwd) draft_pending.push_back(choice);
+      if (drafting) draft_pending.push_back(choice);
     } else if (kept < k) {  // the draft saw pending and proposals[0 .. kept-1] correctly
       draft.cut(before + 1 + kept);
       draft_pending = {choice};
@@ -286,10 +294,19 @@ GenerationResult generate_tokens(const TokenModel& target, const TokenModel& dra
   std::vector<std::int64_t> draft_pending = ids;  // the draft's first call: the prompt and the first token
   draft_pending.push_back(r.tokens.front());
   KChooser chooser(o.k > 0 ? o.k : o.max_k);
-  Pass pass{ts, ds, draft_pending, target, draft, vocab};
+  bool drafting = speculate;
+  Pass pass{ts, ds, draft_pending, target, draft, vocab, drafting};
   while (static_cast<int>(r.tokens.size()) < o.new_tokens) {
     const int room = o.new_tokens - static_cast<int>(r.tokens.size()) - 1;  // proposals that can still count
-    const int k = !draft ? 0 : std::min(o.k > 0 ? o.k : chooser.next(), room);
+    int k = !drafting ? 0 : std::min(o.k > 0 ? o.k : chooser.next(), room);
+    if (drafting && o.k == 0 && chooser.draft_unpaid()) {  // Note [Choosing k]: dropped
+      drafting = false;
+      k = 0;
+      r.draft_dropped_at = static_cast<int>(r.pass_ms.size()) - 1;
+      draft_pending.clear();
+      ds.clear();
+      if (o.drop_draft) o.drop_draft();
+    }
     t0 = Clock::now();
     const size_t had = r.tokens.size();
     double draft_ms = 0;
@@ -300,7 +317,7 @@ GenerationResult generate_tokens(const TokenModel& target, const TokenModel& dra
     r.proposed += static_cast<std::uint64_t>(k);
     r.accepted += static_cast<std::uint64_t>(kept);
     r.draft_ms += draft_ms;
-    if (draft) chooser.observe_pass(k, kept, r.pass_ms.back() - draft_ms, draft_ms);
+    if (drafting) chooser.observe_pass(k, kept, r.pass_ms.back() - draft_ms, draft_ms);
     if (o.after_pass) o.after_pass();
   }
   r.tokens.resize(static_cast<size_t>(o.new_tokens));

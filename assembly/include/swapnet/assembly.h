@@ -625,6 +625,9 @@ struct GenerationOptions {
   int k = 0;
   int max_k = 8;
   std::function<void()> after_pass;  // called after each pass of the target (e.g. to count reads)
+  // With k chosen (k = 0), a draft that has not paid for 16 passes in a row is dropped for the
+  // rest of the generation (Note [Choosing k]) and this is called: its memory may go to the target.
+  std::function<void()> drop_draft;
 };
 struct GenerationResult {
   std::vector<std::int64_t> tokens;  // new_tokens ids: what greedy decoding by the target gives
@@ -633,6 +636,7 @@ struct GenerationResult {
   std::vector<int> pass_k;           // tokens the draft proposed for it (0: none)
   std::uint64_t proposed = 0, accepted = 0;  // the draft's proposals, and those the target kept
   double draft_ms = 0;               // time in the draft's calls
+  int draft_dropped_at = -1;         // the pass after which the draft was dropped; -1: kept
 };
 // Generates greedily (argmax, ties to the lowest id) from `prompt` [1, T] with the target's and
 // the draft's initial states. With a draft, the target checks k proposed tokens in one pass and
