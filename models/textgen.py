@@ -89,7 +89,10 @@ def recipe(name: str, base: int):
     """export.py's recipe stamp for model `name`: the pairs' own version beside the base one."""
     which = "draft" if name.endswith("_draft") else "target"
     pair = name[:-len("_draft")] if which == "draft" else name
-    return f"{base}.textgen{RECIPE[which]}" if pair in SIZES else base
+    if pair not in SIZES:
+        return base
+    # A draft is distilled from its target: it is written again when either changes.
+    return f"{base}.textgen{RECIPE['target']}" + (f".{RECIPE['draft']}" if which == "draft" else "")
 CONTEXT = 512
 
 
