@@ -46,10 +46,8 @@ using json = nlohmann::json;
 using Forward = std::function<c10::IValue(std::vector<c10::IValue>)>;
 
 struct Generation {
-  std::vector<std::int64_t> tokens;  // generated ids
-  std::vector<double> call_ms;       // per pass of the target; [0] is the prompt's (time to first token)
+  GenerationResult r;                // the ids, each pass's time ([0]: the prompt's), proposals kept
   std::vector<std::uint64_t> read;   // bytes read after each pass (cumulative; swapnet/naive)
-  GenerationResult r;                // passes, proposals and acceptance
 };
 
 }  // namespace
@@ -81,8 +79,6 @@ Generation generate(const Forward& fwd, const Draft* draft, const at::Tensor& pr
   go.drop_draft = drop_draft;
   g.r = generate_tokens(fwd, draft ? draft->fwd : TokenModel(), prompt, state0,
                         draft ? draft->state0 : std::vector<c10::IValue>{}, go);
-  g.tokens = g.r.tokens;
-  g.call_ms = g.r.pass_ms;
   return g;
 }
 
@@ -313,9 +309,9 @@ void check_generation(const std::string& path, const GenerateOptions& o, const I
     ref = generate([&](std::vector<c10::IValue> in) { return reference.sk.forward(std::move(in)); }, nullptr, prompt,
                    state0, plain, {});
   }
-  r->equal = ref.tokens == r->g.tokens;
-  for (size_t i = 0; i < ref.tokens.size() && r->first_difference < 0; ++i) {
-    if (i >= r->g.tokens.size() || ref.tokens[i] != r->g.tokens[i]) r->first_difference = static_cast<long>(i);
+  r->equal = ref.r.tokens == r->g.r.tokens;
+  for (size_t i = 0; i < ref.r.tokens.size() && r->first_difference < 0; ++i) {
+    if (i >= r->g.r.tokens.size() || ref.r.tokens[i] != r->g.r.tokens[i]) r->first_difference = static_cast<long>(i);
   }
   r->raw = o.mode == "direct" ? 0 : raw_read_mb_s(path, info.data_offset, info.data_offset + info.data_size, 1.0);
 }
@@ -346,7 +342,7 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
                  const Backend& b, const GenerationOutcome& r, double per_token_bytes) {
   const Generation& g = r.g;
   double decode_ms = 0;
-  for (size_t i = 1; i < g.call_ms.size(); ++i) decode_ms += g.call_ms[i];
+  for (size_t i = 1; i < g.r.pass_ms.size(); ++i) decode_ms += g.r.pass_ms[i];
   const int decoded = o.new_tokens - 1;
   json j;
   j["image"] = path;
@@ -357,12 +353,12 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
   j["vocab"] = vocab;
   j["prompt_tokens"] = o.prompt_tokens;
   j["new_tokens"] = o.new_tokens;
-  j["tokens"] = g.tokens;
+  j["tokens"] = g.r.tokens;
   j["equal"] = r.equal;
-  j["time_to_first_token_ms"] = g.call_ms.front();
+  j["time_to_first_token_ms"] = g.r.pass_ms.front();
   j["tokens_per_s"] = decoded > 0 && decode_ms > 0 ? decoded * 1e3 / decode_ms : 0.0;
-  j["ms_per_token"] = decoded > 0 ? decode_ms / decoded : g.call_ms.front();
-  j["call_ms"] = g.call_ms;
+  j["ms_per_token"] = decoded > 0 ? decode_ms / decoded : g.r.pass_ms.front();
+  j["call_ms"] = g.r.pass_ms;
   j["bytes_read_per_token"] = per_token_bytes;
   j["raw_io_mb_s"] = r.raw;
   j["io_bound_ms_per_token"] = r.raw > 0 ? per_token_bytes / (r.raw * 1e3) : 0.0;
@@ -383,7 +379,7 @@ json report_json(const std::string& path, const GenerateOptions& o, const ImageI
     j["plan_read_bytes"] = p.read_bytes;
   }
   j["first_difference"] = r.first_difference;
-  j["target_passes"] = g.call_ms.size();
+  j["target_passes"] = g.r.pass_ms.size();
   if (r.draft) speculation_json(o, *r.draft, g, decoded, decode_ms, &j);
   return j;
 }
@@ -396,7 +392,7 @@ void report(const std::string& path, const Common& c, const GenerateOptions& o, 
       decoded > 0 ? static_cast<double>(g.read.back() - g.read.front()) / decoded
                   : static_cast<double>(g.read.front() - r.read0);
   json j = report_json(path, o, info, vocab, b, r, per_token_bytes);
-  if (vocab_text) j["text"] = vocab_text->decode(g.tokens);
+  if (vocab_text) j["text"] = vocab_text->decode(g.r.tokens);
   if (c.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -417,7 +413,7 @@ void report(const std::string& path, const Common& c, const GenerateOptions& o, 
                 format_bytes(r.peak).c_str(), format_bytes(r.weights_peak).c_str(),
                 format_bytes(r.act_peak).c_str(), r.equal ? "identical to" : "DIFFER from");
     std::printf(r.equal ? "\n" : " (from token %ld)\n", r.first_difference);
-    if (vocab_text) std::printf("text: %s\n", vocab_text->decode(g.tokens).c_str());
+    if (vocab_text) std::printf("text: %s\n", vocab_text->decode(g.r.tokens).c_str());
   }
 }
 

@@ -122,7 +122,8 @@ class SequenceState {
     for (size_t k = 0; k < state_.size(); ++k) {
       if (!state_[k].isTensor()) continue;
       const at::Tensor& t = state_[k].toTensor();
-      state_[k] = t.narrow(dims_[k], 0, t.size(dims_[k]) - (length_ - length)).contiguous();
+      // A view: the next call extends it into a new tensor anyway (a copy here would be a second).
+      state_[k] = t.narrow(dims_[k], 0, t.size(dims_[k]) - (length_ - length));
     }
     length_ = length;
   }
