@@ -574,6 +574,11 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   ServeSetup setup = set_up(path, c, o);
   Service svc = open_service(setup, c, o);
   ServeLog log(svc.rt->size(), setup.s.groups.size());
+  const double warm_s = warm_up(svc.rt.get(), &setup);
+  if (setup.warmup_inferences > 0) {
+    std::fprintf(stderr, "swapnet: serve warmed up: %d uncounted inferences per model before the first arrival (%.1f s)\n",
+                 setup.warmup_inferences, warm_s);
+  }
   Clients clients(svc.rt.get(), setup, o.check, &log);
   clients.start();
   const auto start = Clock::now();

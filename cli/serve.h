@@ -31,6 +31,7 @@ struct LoadInfo {
 struct ServeSetup {
   LoadInfo load;
   double warmup_s = 0;  // arrivals before this are not counted
+  int warmup_inferences = 0;  // per model, before the first arrival (Note [Warm-up inferences])
   Scenario s;
   std::vector<ImageInfo> infos;                            // per model, as its image records
   std::uint64_t total = 0;                                 // the initial total budget, bytes
@@ -90,6 +91,10 @@ c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const s
 std::string apply_load(ServeSetup* setup);
 // The warm-up: the scenario's, else two of its longest period, at most a fifth of the run.
 double choose_warmup(const Scenario& s);
+// Note [Warm-up inferences] (serve_load.cpp): each model's uncounted requests before the run,
+// where the scenario has deadlines (setup->warmup_inferences); returns the seconds they took.
+constexpr int kWarmUpInferences = 2;
+double warm_up(Runtime* rt, ServeSetup* setup);
 
 // The results (--json, or the table), --trace and --timeline after the run that began at
 // `start`; the exit status: 1 where an output differed, a model went over its budget or an
