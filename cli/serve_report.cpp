@@ -122,25 +122,29 @@ json run_json(Runtime& rt, const ServeSetup& setup, Clock::time_point start, boo
   j["initial_budget_bytes"] = setup.total;
   j["duration_s"] = ms_since(start) / 1000;
   j["warmup_s"] = setup.warmup_s;
+  j["warmup_inferences"] = setup.warmup_inferences;
   j["min_requests"] = s.min_requests;
   j["load"] = load_json(setup);
   j["checked"] = check;
   return j;
 }
 
-// Model m's (number i) estimate error per block (per ms of work: `per_ms`) over the blocks run
-// after the warm-up, as slo_met counts requests (Note [Counted requests and their score]); over
-// the whole run where the warm-up was not reached.
-double estimate_error(const ServeLog& log, const ModelStatus& m, int i, bool per_ms) {
-  const double all = per_ms ? m.estimate_time_error : m.estimate_error;
-  if (log.at_warmup.size() <= static_cast<size_t>(i)) return all;
+// Model m's (number i) estimate error over the steps run after the warm-up (`kind` 0), per ms
+// of those steps' work (1), or per block (2), as slo_met counts requests (Note [Counted requests
+// and their score]); over the whole run where the warm-up was not reached.
+double estimate_error(const ServeLog& log, const ModelStatus& m, int i, int kind) {
+  auto err = [&](const ModelStatus& x) {
+    return kind == 0 ? x.estimate_error : kind == 1 ? x.estimate_time_error : x.estimate_block_error;
+  };
+  auto weight = [&](const ModelStatus& x) {
+    return kind == 0 ? static_cast<double>(x.estimated_steps)
+                     : kind == 1 ? x.estimated_ms : static_cast<double>(x.estimated_blocks);
+  };
+  if (log.at_warmup.size() <= static_cast<size_t>(i)) return err(m);
   const ModelStatus& w = log.at_warmup[static_cast<size_t>(i)];
-  const double n = per_ms ? m.estimated_ms - w.estimated_ms
-                          : static_cast<double>(m.estimated_blocks) - static_cast<double>(w.estimated_blocks);
-  if (!(n > 0)) return all;
-  const double sum = per_ms ? all * m.estimated_ms - w.estimate_time_error * w.estimated_ms
-                            : all * static_cast<double>(m.estimated_blocks) - w.estimate_error * static_cast<double>(w.estimated_blocks);
-  return std::max(0.0, sum / n);
+  const double n = weight(m) - weight(w);
+  if (!(n > 0)) return err(m);
+  return std::max(0.0, (err(m) * weight(m) - err(w) * weight(w)) / n);
 }
 
 // Model i's results: its status in the runtime, its clients' latencies and comparisons.
@@ -174,10 +178,12 @@ json model_json(Runtime& rt, const ServeSetup& setup, const ServeLog& log, const
              {"deadline_requests", m.deadline_requests},
              {"unanswered", log.unanswered[i]},
              {"dropped", m.dropped},
-             {"estimate_error", estimate_error(log, m, i, false)},
-             {"estimate_time_error", estimate_error(log, m, i, true)},
+             {"estimate_error", estimate_error(log, m, i, 0)},
+             {"estimate_time_error", estimate_error(log, m, i, 1)},
+             {"estimate_block_error", estimate_error(log, m, i, 2)},
              {"estimate_error_all", m.estimate_error},
              {"estimate_time_error_all", m.estimate_time_error},
+             {"estimated_steps", m.estimated_steps},
              {"estimated_blocks", m.estimated_blocks},
              {"contention", m.contention},
              {"requests", log.lat[i].size()},

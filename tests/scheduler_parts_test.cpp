@@ -37,9 +37,23 @@ TEST(BlockEstimates, TheColdFirstRunCountsOnlyUntilASecondAndOutliersDoNotMoveIt
   EXPECT_NEAR(e.expect(0, 1, true, 0), 6.0, 1e-9);  // of two runs, the faster; the cold one not among them
   for (int k = 0; k < 8; ++k) e.observe(0, 1, true, 0, k == 4 ? 300.0 : 6.0, 0, e.expect(0, 1, true, 0));
   EXPECT_NEAR(e.expect(0, 1, true, 0), 6.0, 1e-9);  // one preempted run of 300 ms: the median stays
-  EXPECT_GT(e.error(), 0);
+  EXPECT_GT(e.block_error(), 0);
   EXPECT_EQ(e.observed(), 11u);
-  EXPECT_NEAR(e.measured_ms(), 18 + 6 + 7 + 7 * 6 + 300, 1e-9);
+  EXPECT_EQ(e.steps(), 0u);  // blocks alone are no step (the runtime says when one ends)
+}
+
+// Note [Steps of a grant] in runtime_worker.cpp: a step's error is its blocks' summed estimate
+// against its time, per step and per millisecond of work.
+TEST(BlockEstimates, StepsAreScoredAsAWhole) {
+  BlockEstimates e = ten_layers();
+  e.observe_step(4.0, 5.0);   // 0.2 off
+  e.observe_step(10.0, 8.0);  // 0.25 off
+  e.observe_step(3.0, 0.0);   // not timed: not counted
+  EXPECT_EQ(e.steps(), 2u);
+  EXPECT_NEAR(e.error(), (0.2 + 0.25) / 2, 1e-12);
+  EXPECT_NEAR(e.time_error(), 3.0 / 13.0, 1e-12);
+  EXPECT_NEAR(e.measured_ms(), 13.0, 1e-12);
+  EXPECT_EQ(e.observed(), 0u);
 }
 
 TEST(BlockEstimates, ARunAnswersItsPaceAgainstTheBlocksUsualTime) {
@@ -58,9 +72,12 @@ TEST(Pace, FollowsABurstAndComesBack) {
   EXPECT_EQ(p.factor(), 1.0);
   p.observe(0);  // no answer: nothing learned
   EXPECT_EQ(p.factor(), 1.0);
-  for (int k = 0; k < 40; ++k) p.observe(2.0);  // every model's blocks at twice their usual time
+  p.observe(30.0);  // one preempted block: a small step
+  EXPECT_NEAR(p.factor(), std::exp(0.1 * 0.2), 1e-12);
+  p.observe(1.0);
+  for (int k = 0; k < 60; ++k) p.observe(2.0);  // every model's blocks at twice their usual time
   EXPECT_NEAR(p.factor(), 2.0, 0.05);
-  for (int k = 0; k < 40; ++k) p.observe(1.0);
+  for (int k = 0; k < 60; ++k) p.observe(1.0);
   EXPECT_NEAR(p.factor(), 1.0, 0.05);
   for (int k = 0; k < 200; ++k) p.observe(1000.0);  // a run clamped at e x its usual time
   EXPECT_LE(p.factor(), std::exp(1.0) + 1e-9);

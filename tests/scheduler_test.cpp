@@ -890,7 +890,7 @@ TEST_P(CentralRuntime, RequestsWithRandomDeadlinesAreBitIdentical) {
   }
   EXPECT_EQ(differ, 0);
   EXPECT_EQ(answered + dropped, n);
-  std::uint64_t met = 0, counted = 0, st_dropped = 0;
+  std::uint64_t met = 0, counted = 0, st_dropped = 0, steps = 0, blocks = 0;
   for (const auto& m : rt->status()) {
     EXPECT_EQ(m.over_budget, 0u) << m.name;
     EXPECT_EQ(m.failed, 0u) << m.name;
@@ -898,7 +898,14 @@ TEST_P(CentralRuntime, RequestsWithRandomDeadlinesAreBitIdentical) {
     counted += m.deadline_requests;
     st_dropped += m.dropped;
     EXPECT_GT(m.estimate_error, 0.0) << m.name << ": blocks were timed";
+    EXPECT_GT(m.estimate_block_error, 0.0) << m.name;
+    EXPECT_GT(m.estimated_steps, 0u) << m.name;
+    EXPECT_LE(m.estimated_steps, m.estimated_blocks) << m.name << ": a step is one block or more";
+    steps += m.estimated_steps;
+    blocks += m.estimated_blocks;
   }
+  // Note [Steps of a grant]: these models' blocks take well under a step's 2 ms.
+  EXPECT_LT(steps, blocks) << "consecutive short blocks share a grant";
   EXPECT_EQ(counted, static_cast<std::uint64_t>(with_deadline));
   EXPECT_EQ(st_dropped, static_cast<std::uint64_t>(dropped));
   EXPECT_LT(met, counted) << "some deadlines (0 to " << span_us / 1000 << " ms on a queue) were missed";

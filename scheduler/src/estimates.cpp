@@ -61,7 +61,14 @@
 // showed: an exponential average (alpha 0.1) of log(compute / the block's usual compute at its
 // company), each clamped to [1/e, e]; every compute estimate is multiplied by exp of it.
 // Replayed on the two runs' logs: 0.183 -> 0.172 (blocks from their fourth run on) and 0.228 ->
-// 0.209 (after the warm-up) per block; alpha 0.05 and 0.2 did worse. Measured, both changes
+// 0.209 (after the warm-up) per block; alpha 0.05 and 0.2 did worse. One run moves the pace by
+// at most kAlpha x kStep (0.02 in log): a block preempted for 20 ms in a 0.5 ms run (2 % of
+// blocks on 2026-11-28) had moved it by 0.1, and every estimate with it, for the next tens of
+// blocks; a burst that lasts still moves it all the way. Replayed on six runs' block logs
+// (self_driving_slo and two_rates at load 0.9, 2026-11-28): the median over models per step
+// 0.094-0.163 -> 0.085-0.153, per block 0.109-0.184 -> 0.099-0.173; a step of 0.5 or no limit
+// did worse, and clamping the run's log ratio itself to +-0.3 about the same but caps the pace
+// at 1.35 however long a burst lasts. Measured, both changes
 // together: bench/results/estimates.md. Learned from all models since the cores are shared:
 // the contention a model's blocks meet is what the others' blocks met just before.
 #include "estimates.h"
@@ -82,7 +89,7 @@ double alpha(std::uint64_t n) { return std::max(0.1, 1.0 / static_cast<double>(n
 
 void Pace::observe(double ratio) {
   if (!(ratio > 0)) return;
-  log_ += kAlpha * (std::clamp(std::log(ratio), -1.0, 1.0) - log_);
+  log_ += kAlpha * std::clamp(std::clamp(std::log(ratio), -1.0, 1.0) - log_, -kStep, kStep);
 }
 
 void BlockEstimates::set_costs(std::vector<LayerCost> costs, double ms_per_byte) {
@@ -153,8 +160,6 @@ double BlockEstimates::expect(int a, int b, bool resident, double others, double
 double BlockEstimates::observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected) {
   if (!(ms > 0)) return 0;
   err_sum_ += std::abs(expected - ms) / ms;
-  err_ms_sum_ += std::abs(expected - ms);
-  ms_sum_ += ms;
   ++err_n_;
   others = std::max(0.0, others);
   wait_ms = std::clamp(wait_ms, 0.0, ms);
@@ -190,6 +195,14 @@ double BlockEstimates::observe(int a, int b, bool resident, double others, doubl
     wait_bytes_sum_ = wait_bytes_sum_ * (1 - kDecay) + bytes(a, b);
   }
   return pace;
+}
+
+void BlockEstimates::observe_step(double expected, double ms) {
+  if (!(ms > 0)) return;
+  step_err_sum_ += std::abs(expected - ms) / ms;
+  step_err_ms_sum_ += std::abs(expected - ms);
+  step_ms_sum_ += ms;
+  ++step_n_;
 }
 
 void BlockEstimates::forgive() {

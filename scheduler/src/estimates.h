@@ -26,6 +26,7 @@ class Pace {
 
  private:
   static constexpr double kAlpha = 0.1;
+  static constexpr double kStep = 0.2;  // the most one run moves the log pace, / kAlpha
   double log_ = 0;
 };
 
@@ -50,12 +51,18 @@ class BlockEstimates {
   // slowest recent run counts as a usual one, so that a model whose requests are all dropped,
   // and so never measured again, is not judged on its worst times for ever.
   void forgive();
-  // Mean |expected - measured| / measured over the blocks observed, and how many.
-  double error() const { return err_n_ ? err_sum_ / static_cast<double>(err_n_) : 0; }
-  double measured_ms() const { return ms_sum_; }  // the blocks' measured times, summed
-  // Sum |expected - measured| over sum measured: the error per millisecond of work, which is
-  // what a request's remaining time (a sum of blocks) is off by; blocks of 0.1 ms weigh little.
-  double time_error() const { return ms_sum_ > 0 ? err_ms_sum_ / ms_sum_ : 0; }
+  // A step of the scheduler (one grant: one or more consecutive blocks, Note [Steps of a grant]
+  // in runtime_worker.cpp) took `ms`; the sum of its blocks' estimates was `expected`.
+  void observe_step(double expected, double ms);
+  // Mean |expected - measured| / measured over the steps observed, and how many.
+  double error() const { return step_n_ ? step_err_sum_ / static_cast<double>(step_n_) : 0; }
+  std::uint64_t steps() const { return step_n_; }
+  double measured_ms() const { return step_ms_sum_; }  // the steps' measured times, summed
+  // Sum |expected - measured| over sum measured, over the steps: the error per millisecond of
+  // work, which is what a request's remaining time (a sum of steps) is off by.
+  double time_error() const { return step_ms_sum_ > 0 ? step_err_ms_sum_ / step_ms_sum_ : 0; }
+  // The same mean error over each block alone, and how many blocks.
+  double block_error() const { return err_n_ ? err_sum_ / static_cast<double>(err_n_) : 0; }
   std::uint64_t observed() const { return err_n_; }
   double contention() const { return gamma_; }  // a block's slow-down per other block beside it
 
@@ -90,8 +97,10 @@ class BlockEstimates {
   double wait_sum_ = 0, wait_bytes_sum_ = 0;  // decayed: swapped blocks' waits and their bytes
   double gamma_ = 0;
   double gamma_xy_ = 0, gamma_xx_ = 0;  // decayed sums of the centred regression
-  double err_sum_ = 0, err_ms_sum_ = 0, ms_sum_ = 0;
+  double err_sum_ = 0;
   std::uint64_t err_n_ = 0;
+  double step_err_sum_ = 0, step_err_ms_sum_ = 0, step_ms_sum_ = 0;
+  std::uint64_t step_n_ = 0;
 };
 
 }  // namespace runtime_detail

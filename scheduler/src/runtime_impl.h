@@ -41,6 +41,10 @@ struct Request {
   Clock::time_point deadline{};  // epoch: none
 };
 
+// A central scheduler's grant holds its worker for the granted block and the next ones while
+// they have run less than this (Note [Steps of a grant] in runtime_worker.cpp).
+constexpr double kStepMs = 2;
+
 // A central scheduler's answer to a job waiting for a worker.
 enum class Grant { kNone, kGo, kDrop };
 
@@ -77,6 +81,10 @@ struct Worker {
   Clock::time_point granted{};
   double busy_at_grant = 0;
   double expected_next = 0;
+  // The step holding that worker (Note [Steps of a grant] in runtime_worker.cpp): its blocks'
+  // expected and measured ms so far, and whether it keeps the worker for the next block.
+  double step_expected = 0, step_ms = 0;
+  bool holding = false;
   // Executor::PipelineStats::read_wait_ms after the inference's last step (-1: not read yet), so
   // a block's wait costs one read of the stats, not two.
   double read_wait_ms = -1;
@@ -179,6 +187,8 @@ struct Runtime::Impl {
   bool acquire(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, bool* abandoned);
   void release(size_t i, std::pair<int, int> block, bool resident, double ms, double wait_ms, bool more,
                std::unique_lock<std::mutex>& lk);
+  void end_step(size_t i);
+  void log_block(size_t i, std::pair<int, int> block, bool resident, double others, double ms, double wait_ms);
   void dispatch_locked();
   void set_read_priority(Worker& x, double p);
 

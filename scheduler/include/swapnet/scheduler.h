@@ -190,15 +190,21 @@ struct ModelStatus {
   std::uint64_t deadline_requests = 0;
   std::uint64_t deadline_met = 0;
   std::uint64_t dropped = 0;
-  // Expected block time against measured, over the blocks run: mean |error| / measured.
+  // Expected time against measured, over the steps the central scheduler granted (a worker's
+  // grant: one block, or consecutive blocks up to a quantum of work; Note [Steps of a grant] in
+  // runtime_worker.cpp): mean |error| / measured.
   double estimate_error = 0;
   // The same error per millisecond of work: sum |error| / sum measured (Note [Block estimates
   // under contention] in estimates.cpp); and the contention learned (a block's slow-down per
   // other block running beside it).
   double estimate_time_error = 0;
   double contention = 0;
-  // The blocks those errors are over and their measured ms, summed: two statuses give the
-  // errors between them (serve's after its warm-up).
+  // Mean |error| / measured per block, each block timed alone (a step of several blocks counts
+  // each of them).
+  double estimate_block_error = 0;
+  // The steps and blocks those errors are over and the steps' measured ms, summed: two statuses
+  // give the errors between them (serve's after its warm-up).
+  std::uint64_t estimated_steps = 0;
   std::uint64_t estimated_blocks = 0;
   double estimated_ms = 0;
   std::uint64_t budget_changes = 0;  // plans adopted after open
