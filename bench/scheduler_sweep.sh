@@ -40,7 +40,7 @@ pack_paper_models
 scen=$repo/scheduler/scenarios
 name=scheduler_sweep${tag:+_$tag}
 csv=$out/$name.csv tcsv=$out/${name}_traces.csv
-echo "round,rate,scenario,variant,load,model,slo_met,xrbench_score,dropped,requests,p50_ms,p99_ms,estimate_error,estimate_time_error,contention,over_budget,over_byte_s,equal,scheduler,workers,threads" >"$csv"
+echo "round,rate,scenario,variant,load,model,slo_met,xrbench_score,dropped,requests,p50_ms,p99_ms,estimate_error,estimate_time_error,contention,over_budget,over_byte_s,equal,scheduler,workers,threads,estimate_block_error" >"$csv"
 read -r -a var <<<"$variants"
 # The serve options of a variant.
 variant_args() {
@@ -65,10 +65,10 @@ for m in ms:
     row(m["name"], m["slo_met"], m["xrbench_score"], m["counted_dropped"], m["counted_requests"],
         round(m["latency_ms"]["p50"], 1), round(m["latency_ms"]["p99"], 1), round(m["estimate_error"], 3),
         round(m["estimate_time_error"], 3), round(m["contention"], 3), m["over_budget"], "", m["equal"],
-        j["scheduler"], j["workers"], m["threads"])
+        j["scheduler"], j["workers"], m["threads"], round(m.get("estimate_block_error", m["estimate_error"]), 3))
 row("all", j["slo_met"], j["xrbench_score"], sum(m["counted_dropped"] for m in ms), sum(m["counted_requests"] for m in ms),
     "", "", "", "", "", sum(m["over_budget"] for m in ms), j["memory"]["over_byte_s"], all(m["equal"] for m in ms),
-    j["scheduler"], j["workers"], "")
+    j["scheduler"], j["workers"], "", "")
 PY
 }
 k=0

@@ -70,16 +70,20 @@ def sweep(rows):
     starved = sorted((med(v), k) for k, v in low.items() if med(v) is not None and med(v) < 0.2)
     print(f"Models below 20 % of their deadlines met (median over rounds): {len(starved)} of {len(low)} model-points"
           + (": " + "; ".join(f"{k[4]} {m:.2f} ({k[1]}, {k[0]}, {k[2]}, load {k[3]:g})" for m, k in starved[:12]) if starved else "") + "\n")
-    err, terr = defaultdict(list), defaultdict(list)
+    # estimate_error is per step of a grant since 2026-11-28 (Note [Steps of a grant]), per block
+    # before, when a step was a block; estimate_block_error (newer sweeps) is per block.
+    err, terr, berr = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in rows:
         if r["model"] != "all" and num(r["estimate_error"]) and r["scheduler"] != "threads":
             err[r["variant"]].append(num(r["estimate_error"]))
             terr[r["variant"]].append(num(r["estimate_time_error"]))
+            if num(r.get("estimate_block_error")):
+                berr[r["variant"]].append(num(r["estimate_block_error"]))
     if err:
-        print("| variant | estimate error per block (median over models and runs) | per ms of work |")
-        print("|---|---|---|")
+        print("| variant | estimate error per step (median over models and runs) | per block | per ms of work |")
+        print("|---|---|---|---|")
         for v in err:
-            print(f"| `{v}` | {fmt(med(err[v]))} | {fmt(med(terr[v]))} |")
+            print(f"| `{v}` | {fmt(med(err[v]))} | {fmt(med(berr[v])) if berr[v] else '—'} | {fmt(med(terr[v]))} |")
         print()
     over = sum(int(r["over_budget"]) for r in allrows)
     viol = sum(num(r["over_byte_s"]) or 0 for r in allrows)
