@@ -7,7 +7,8 @@
 # By default everything except the big paper models (label `model`, ~1.2 GB of files);
 #   --all    also the big-model tests;
 #   --long   the long runs: fuzzers 5 minutes each, stress tests and fuzzed serves at their long
-#            sizes (SWAPNET_LONG_TESTS=1, Note [Long test runs] in tests/test_util.h);
+#            sizes (SWAPNET_LONG_TESTS=1, Note [Long test runs] in tests/test_util.h), and the
+#            GPU tests' program compiled (it runs only on a GPU machine: scripts/gpu-check.sh);
 #   -- ARGS  ctest arguments instead of the default selection, e.g. `-- -L zoo`.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +32,8 @@ phase() {  # NAME: the time since the last phase ended
   since=$now
 }
 bash "$repo/scripts/build.sh"
+# The GPU tests' program, not in the default build (tests/CMakeLists.txt): compiled in the long run.
+[ -z "${SWAPNET_LONG_TESTS:-}" ] || cmake --build "$build" --target gpu_test
 phase "install+build"
 bash "$repo/scripts/models.sh" "${sets[@]}"
 phase "models"
