@@ -124,9 +124,7 @@ std::string choose_defaults(Scenario& s) {
   std::string said;
   auto say = [&](const std::string& what) { said += (said.empty() ? "" : ", ") + what; };
   if (s.scheduler.empty()) {
-    bool due = false;
-    for (const auto& m : s.models) due = due || m.slo_ms > 0;
-    for (const auto& g : s.groups) due = due || g.slo_ms > 0;
+    const bool due = has_deadlines(s);
     s.scheduler = due ? "lst" : "threads";
     say("scheduler " + s.scheduler + (due ? " (the scenario has deadlines)" : " (no deadlines)"));
   }
@@ -238,6 +236,7 @@ ServeSetup set_up(const std::string& path, const Common& c, const ServeOptions& 
   make_inputs(path, c, o.check, &setup);
   if (setup.s.load > 0) std::fprintf(stderr, "swapnet: serve %s\n", apply_load(&setup).c_str());
   setup.warmup_s = choose_warmup(setup.s);
+  setup.warmup_inferences = has_deadlines(setup.s) ? kWarmUpInferences : 0;  // Note [Warm-up inferences]
   return setup;
 }
 
@@ -574,11 +573,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   ServeSetup setup = set_up(path, c, o);
   Service svc = open_service(setup, c, o);
   ServeLog log(svc.rt->size(), setup.s.groups.size());
-  const double warm_s = warm_up(svc.rt.get(), &setup);
-  if (setup.warmup_inferences > 0) {
-    std::fprintf(stderr, "swapnet: serve warmed up: %d uncounted inferences per model before the first arrival (%.1f s)\n",
-                 setup.warmup_inferences, warm_s);
-  }
+  warm_up(svc.rt.get(), setup);
   Clients clients(svc.rt.get(), setup, o.check, &log);
   clients.start();
   const auto start = Clock::now();

@@ -392,5 +392,15 @@ std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const s
   }
 }
 
+bool has_deadlines(const Scenario& s) {
+  for (const auto& m : s.models) {
+    if (m.slo_ms > 0) return true;
+  }
+  for (const auto& g : s.groups) {
+    if (g.slo_ms > 0) return true;
+  }
+  return false;
+}
+
 }  // namespace cli
 }  // namespace swapnet

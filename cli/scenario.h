@@ -56,6 +56,9 @@ struct Scenario {
 // Relative image paths are looked up next to the file, then in `models_dir`.
 Scenario load_scenario(const std::string& path, const std::string& models_dir);
 
+// Whether any model or group of the scenario has a deadline (slo_ms).
+bool has_deadlines(const Scenario& s);
+
 // A budget: a size ("843MiB", bytes) or a percentage of `whole`; errors start with `what`.
 std::uint64_t budget_value(const std::string& text, std::uint64_t whole, const std::string& what);
 

@@ -91,10 +91,10 @@ c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const s
 std::string apply_load(ServeSetup* setup);
 // The warm-up: the scenario's, else two of its longest period, at most a fifth of the run.
 double choose_warmup(const Scenario& s);
-// Note [Warm-up inferences] (serve_load.cpp): each model's uncounted requests before the run,
-// where the scenario has deadlines (setup->warmup_inferences); returns the seconds they took.
+// Note [Warm-up inferences] (serve_load.cpp): setup.warmup_inferences uncounted requests per
+// model before the run (kWarmUpInferences where the scenario has deadlines, else none).
 constexpr int kWarmUpInferences = 2;
-double warm_up(Runtime* rt, ServeSetup* setup);
+void warm_up(Runtime* rt, const ServeSetup& setup);
 
 // The results (--json, or the table), --trace and --timeline after the run that began at
 // `start`; the exit status: 1 where an output differed, a model went over its budget or an

@@ -147,16 +147,11 @@ std::string apply_load(ServeSetup* setup) {
   return said;
 }
 
-double warm_up(Runtime* rt, ServeSetup* setup_) {
-  const ServeSetup& setup = *setup_;
-  bool due = false;
-  for (const auto& m : setup.s.models) due = due || m.slo_ms > 0;
-  for (const auto& g : setup.s.groups) due = due || g.slo_ms > 0;
-  if (!due) return 0;
-  setup_->warmup_inferences = kWarmUpInferences;
+void warm_up(Runtime* rt, const ServeSetup& setup) {
+  if (setup.warmup_inferences <= 0) return;
   const auto t = Clock::now();
   for (size_t i = 0; i < setup.s.models.size(); ++i) {
-    for (int k = 0; k < kWarmUpInferences; ++k) {
+    for (int k = 0; k < setup.warmup_inferences; ++k) {
       try {
         (void)rt->submit(static_cast<int>(i), clone_inputs(setup.inputs[i])).get();
       } catch (const std::exception& e) {  // a paused model; a failing one fails its requests too
@@ -166,7 +161,8 @@ double warm_up(Runtime* rt, ServeSetup* setup_) {
       }
     }
   }
-  return ms_since(t) / 1000;
+  std::fprintf(stderr, "swapnet: serve warmed up: %d uncounted inferences per model before the first arrival (%.1f s)\n",
+               setup.warmup_inferences, ms_since(t) / 1000);
 }
 
 double choose_warmup(const Scenario& s) {

@@ -109,6 +109,14 @@ struct Worker {
     }
     return e;
   }
+  // Expected ms of the next block alone (0: none left), as Expected::next without the rest's walk.
+  double expect_next_block(double others, double pace) const {
+    const int b = next_block();
+    if (b < 0) return 0;
+    const ExecutionPlan& p = exec->plan();
+    const auto k = static_cast<size_t>(b);
+    return est.expect(p.blocks[k].first, p.blocks[k].second, p.resident[k] != 0, others, pace);
+  }
   // The plan's block the next step runs (-1: none left).
   int next_block() const {
     const ExecutionPlan& p = exec->plan();

@@ -345,7 +345,7 @@ void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, 
     x.holding = true;
     x.granted = busy_at;  // the next block's company is counted from here
     x.busy_at_grant = busy_ms;
-    x.expected_next = x.expected(std::min(running - 1, workers - 1), pace.factor()).next;
+    x.expected_next = x.expect_next_block(std::min(running - 1, workers - 1), pace.factor());
   } else {
     end_step(i);
     // Note [Handing a worker back]: a job with more blocks competes for the worker it gives back.
