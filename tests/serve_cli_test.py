@@ -10,6 +10,7 @@ a scenario whose minimums do not fit is refused with the numbers.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ def main() -> int:
     # --learn-store DIR (Note [Learned costs kept]): each model's learned costs in DIR/NAME.learned.json;
     # needs --learn and a directory.
     store = os.path.join(work, "learned")
+    shutil.rmtree(store, ignore_errors=True)  # a file a run before this one stored is not this run's
     os.makedirs(store, exist_ok=True)
     rc, out, err = run(cli, "serve", scenario("learn_store", duration_s=2), "--json", "--socket", "none", "--learn", "3",
                        "--learn-store", store)
