@@ -14,7 +14,9 @@ mkdir -p "$work"
 flags=(-std=c++17 -O1 -g1 -fsanitize=thread -I "$src/swapcore/include")
 case "$unit" in
   swapcore)
-    "$cxx" "${flags[@]}" "$src/tests/image_test.cpp" "$src"/swapcore/src/*.cpp \
+    # swapcore's sources as one unit: ~10 s of CPU where 16 units took 22 s (headers parsed once).
+    for f in "$src"/swapcore/src/*.cpp; do echo "#include \"$f\""; done > "$work/swapcore_unity.cpp"
+    "$cxx" "${flags[@]}" -I "$src/swapcore/src" "$src/tests/image_test.cpp" "$work/swapcore_unity.cpp" \
       -lgtest -lgtest_main -luring -lxxhash -lpthread -o "$work/$unit" ;;
   cpu_meter)
     "$cxx" "${flags[@]}" -I "$src/assembly/include" -I "$src/assembly/internal" -I "$src/allocator/include" \

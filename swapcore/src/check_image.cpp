@@ -8,11 +8,12 @@
 #include <string>
 
 #include "swapnet/swapcore.h"
+#include "u64s.h"
 
 namespace swapnet {
 namespace {
 
-std::string u64s(std::uint64_t v) { return std::to_string(v); }
+using detail::u64s;
 
 }  // namespace
 

@@ -47,6 +47,7 @@
 
 #include "image_format.h"
 #include "swapnet/swapcore.h"
+#include "u64s.h"
 
 namespace swapnet {
 using namespace detail;  // image_format.h: the constants the writer shares
@@ -93,7 +94,7 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-std::string u64s(std::uint64_t v) { return std::to_string(v); }
+using detail::u64s;
 
 // A parse error names the image: "<origin>: <what>".
 struct Bad {

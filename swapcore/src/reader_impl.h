@@ -24,11 +24,11 @@
 #include <vector>
 
 #include "swapnet/swapcore.h"
+#include "u64s.h"
 
 namespace swapnet {
 namespace detail {
 
-inline std::string u64s(std::uint64_t v) { return std::to_string(v); }
 inline std::int64_t mtime_ns(const struct stat& st) { return std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec; }
 inline bool aligned(std::uint64_t v) { return v % kImageAlign == 0; }
 
