@@ -3,8 +3,8 @@
 // libtorch's CPU allocator under its own account, tensors freed on other threads than the one
 // that allocated them, and caps changed and stats read from a control thread meanwhile. Built
 // from cpu_meter.cpp and libc10 alone, with -fsanitize=thread (tsan_cpu_meter.sh), in every run.
-// Each allocation is stamped with its own byte (every 4 KiB) and checked before it is freed, so two placements
-// that overlap fail here even where no race is reported.
+// Each allocation is stamped with its own byte (every 4 KiB) and checked before it is freed, so
+// two placements that overlap fail here even where no race is reported.
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
