@@ -4,7 +4,9 @@
 #   cmake -DBIN=... -DOUT=... -DRUNNER=gtest_chunk.sh -DENVIRONMENT=... -DWORKDIR=... -DCHUNK=8
 #         [-DALONE=REGEX] -P gtest_groups.cmake
 # A suite's tests go in runs of at most CHUNK, named SUITE (one group) or SUITE/K (the K-th);
-# a test whose SUITE.NAME matches ALONE is a group of its own, named SUITE.NAME.
+# suites of fewer tests share a group, up to CHUNK tests, named SUITE1+SUITE2+... (each process
+# loads libtorch: ~0.8 s of CPU, for suites of a few milliseconds' tests); a test whose
+# SUITE.NAME matches ALONE is a group of its own, named SUITE.NAME.
 execute_process(COMMAND "${BIN}" --gtest_list_tests OUTPUT_VARIABLE listing RESULT_VARIABLE rc
                 ERROR_VARIABLE err TIMEOUT 120)
 if(NOT rc EQUAL 0)
@@ -21,9 +23,35 @@ macro(emit name filter)
          "set_tests_properties([==[${name}]==] PROPERTIES LABELS unit SKIP_RETURN_CODE 77"
          " WORKING_DIRECTORY [==[${WORKDIR}]==] ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
 endmacro()
+# The suites packed so far (fewer than CHUNK tests each): one group.
+set(pack_names "")
+set(pack_filter "")
+set(pack_n 0)
+macro(flush_pack)
+  if(pack_n GREATER 0)
+    string(REGEX REPLACE ":$" "" pack_filter "${pack_filter}")
+    emit("${pack_names}" "${pack_filter}")
+  endif()
+  set(pack_names "")
+  set(pack_filter "")
+  set(pack_n 0)
+endmacro()
 macro(flush_suite)
   list(LENGTH members n)
-  if(suite AND n GREATER 0)
+  if(suite AND n GREATER 0 AND n LESS CHUNK)
+    math(EXPR total "${pack_n} + ${n}")
+    if(total GREATER CHUNK)
+      flush_pack()
+    endif()
+    if(pack_names)
+      string(APPEND pack_names "+")
+    endif()
+    string(APPEND pack_names "${suite}")
+    foreach(t IN LISTS members)
+      string(APPEND pack_filter "${suite}.${t}:")
+    endforeach()
+    math(EXPR pack_n "${pack_n} + ${n}")
+  elseif(suite AND n GREATER 0)
     math(EXPR parts "(${n} + ${CHUNK} - 1) / ${CHUNK}")
     set(k 0)  # groups emitted
     set(i 0)  # tests in the group being filled
@@ -65,4 +93,5 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 flush_suite()
+flush_pack()
 file(WRITE "${OUT}" "${script}")
