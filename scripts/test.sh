@@ -31,25 +31,12 @@ phase() {  # NAME: the time since the last phase ended
   phases+=("$1 $((now - since)) s")
   since=$now
 }
-# The test models are written while the build runs (they need the packages, not the build): the
-# export's Python leaves part of a core idle, and so do the build's links (issue 49). Its output
-# is shown when it ends.
-bash "$repo/scripts/setup.sh"
-models_log=$(mktemp)
-trap 'rm -f "$models_log"' EXIT
-bash "$repo/scripts/models.sh" "${sets[@]}" >"$models_log" 2>&1 &
-models_pid=$!
-build_rc=0
-bash "$repo/scripts/build.sh" || build_rc=$?
+bash "$repo/scripts/build.sh"
 # The GPU tests' program, not in the default build (tests/CMakeLists.txt): compiled in the long run.
-[ $build_rc -ne 0 ] || [ -z "${SWAPNET_LONG_TESTS:-}" ] || cmake --build "$build" --target gpu_test || build_rc=$?
+[ -z "${SWAPNET_LONG_TESTS:-}" ] || cmake --build "$build" --target gpu_test
 phase "install+build"
-models_rc=0
-wait "$models_pid" || models_rc=$?
-cat "$models_log"
-phase "models (after the build)"
-[ $build_rc -eq 0 ] || { echo "test.sh: the build failed (exit $build_rc)" >&2; exit $build_rc; }
-[ $models_rc -eq 0 ] || { echo "test.sh: writing the test models failed (exit $models_rc)" >&2; exit $models_rc; }
+bash "$repo/scripts/models.sh" "${sets[@]}"
+phase "models"
 rc=0
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" --output-junit ctest-junit.xml "${ctest_args[@]}") || rc=$?
 phase "ctest"
