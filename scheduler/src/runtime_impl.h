@@ -101,7 +101,7 @@ struct Worker {
     int seen = 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
-      const double ms = est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others, pace);
+      const double ms = expect_block(b, others, pace);
       if (seen == 0) e.next = ms;
       if (seen == 1) e.then = ms;
       ++seen;
@@ -109,13 +109,15 @@ struct Worker {
     }
     return e;
   }
+  // Expected ms of the plan's block `b`.
+  double expect_block(size_t b, double others, double pace) const {
+    const ExecutionPlan& p = exec->plan();
+    return est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others, pace);
+  }
   // Expected ms of the next block alone (0: none left), as Expected::next without the rest's walk.
   double expect_next_block(double others, double pace) const {
     const int b = next_block();
-    if (b < 0) return 0;
-    const ExecutionPlan& p = exec->plan();
-    const auto k = static_cast<size_t>(b);
-    return est.expect(p.blocks[k].first, p.blocks[k].second, p.resident[k] != 0, others, pace);
+    return b < 0 ? 0 : expect_block(static_cast<size_t>(b), others, pace);
   }
   // The plan's block the next step runs (-1: none left).
   int next_block() const {

@@ -136,15 +136,15 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
   } catch (...) {
     if (x.exec->in_inference()) x.exec->abort();
     s.error = std::current_exception();
-    if (x.holding) {  // Note [Steps of a grant]: a step a failure cut short gives its worker back
-      const bool locked = lk.owns_lock();
-      if (!locked) lk.lock();
-      if (x.holding) {
-        end_step(i);
-        dispatch_locked();
-      }
-      if (!locked) lk.unlock();
+    // Note [Steps of a grant]: a step a failure cut short gives its worker back (`holding` is
+    // read under the runtime's lock, as it is written).
+    const bool locked = lk.owns_lock();
+    if (!locked) lk.lock();
+    if (x.holding) {
+      end_step(i);
+      dispatch_locked();
     }
+    if (!locked) lk.unlock();
   }
 }
 // Worker i, unlocked on entry and return: runs the inference's next block, on a worker the
