@@ -10,14 +10,16 @@ clangxx=$1 src=$2 work=$3 seconds=$4
 seconds=${SWAPNET_FUZZ_SECONDS:-$seconds}
 mkdir -p "$work/corpus" "$work/seeds"
 # The server's sources and what they use of swapcore; scheduler.h needs libtorch's headers
-# (declarations only: nothing of libtorch is linked).
+# (declarations only: nothing of libtorch is linked). One unit (the sources #included), so that
+# libtorch's headers are parsed once: 6.5 CPU-s against 11.4 (issue 49).
+printf '#include "%s"\n' "$src/tests/fuzz_control.cpp" "$src/scheduler/src/control.cpp" \
+  "$src/scheduler/src/control_client.cpp" "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" \
+  "$src/swapcore/src/size.cpp" > "$work/unity.cpp"
 "$clangxx" -std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$src/swapcore/include" -I "$src/allocator/include" -I "$src/partitioner/include" \
   -I "$src/assembly/include" -I "$src/scheduler/include" -I "$src/scheduler/internal" \
   -I /usr/include/torch/csrc/api/include -Wno-deprecated-declarations \
-  "$src/tests/fuzz_control.cpp" "$src/scheduler/src/control.cpp" "$src/scheduler/src/control_client.cpp" \
-  "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" \
-  -lpthread -o "$work/fuzz_control"
+  "$work/unity.cpp" -lpthread -o "$work/fuzz_control"
 # Seeds: a stalled client beside a good one, a half line, an oversized line, garbage.
 printf '\000\005\000\001' > "$work/seeds/status"
 printf '\000\000\001\002garbage\n\003\000' > "$work/seeds/two-clients"

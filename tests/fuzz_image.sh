@@ -9,10 +9,11 @@ clangxx=$1 src=$2 work=$3 seed=$4 seconds=$5
 # (scripts/test.sh --long, scripts/sanitize.sh fuzz).
 seconds=${SWAPNET_FUZZ_SECONDS:-$seconds}
 mkdir -p "$work/corpus" "$work/seeds"
+# One unit (the sources #included): the headers parsed once, 2.7 CPU-s against 4.5 (issue 49).
+printf '#include "%s"\n' "$src/tests/fuzz_image.cpp" "$src/swapcore/src/image.cpp" \
+  "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" > "$work/unity.cpp"
 "$clangxx" -std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -I "$src/swapcore/include" "$src/tests/fuzz_image.cpp" "$src/swapcore/src/image.cpp" \
-  "$src/swapcore/src/errors.cpp" "$src/swapcore/src/log.cpp" "$src/swapcore/src/size.cpp" \
-  -lxxhash -o "$work/fuzz_image"
+  -I "$src/swapcore/include" "$work/unity.cpp" -lxxhash -o "$work/fuzz_image"
 if [ -f "$seed" ]; then
   # Header and metadata are what the parser reads; the parameter data only makes inputs long.
   head -c 65536 "$seed" > "$work/seeds/image-prefix"

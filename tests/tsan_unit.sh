@@ -19,9 +19,11 @@ case "$unit" in
     "$cxx" "${flags[@]}" -I "$src/swapcore/src" "$src/tests/image_test.cpp" "$work/swapcore_unity.cpp" \
       -lgtest -lgtest_main -luring -lxxhash -lpthread -o "$work/$unit" ;;
   cpu_meter)
+    # The test and the meter as one unit: 7.5 CPU-s against 12.5 for two (c10's headers parsed once).
+    printf '#include "%s"\n' "$src/tests/cpu_meter_threads_test.cpp" "$src/assembly/src/cpu_meter.cpp" \
+      > "$work/cpu_meter_unity.cpp"
     "$cxx" "${flags[@]}" -I "$src/assembly/include" -I "$src/assembly/internal" -I "$src/allocator/include" \
-      -I "$src/partitioner/include" \
-      "$src/tests/cpu_meter_threads_test.cpp" "$src/assembly/src/cpu_meter.cpp" \
+      -I "$src/partitioner/include" "$work/cpu_meter_unity.cpp" \
       -lc10 -lgtest -lgtest_main -lpthread -o "$work/$unit" ;;
   *) echo "tsan_unit.sh: unknown unit '$unit' (swapcore, cpu_meter)" >&2; exit 2 ;;
 esac
