@@ -386,6 +386,7 @@ int pack(const std::string& model, const std::string& out, const Common& c, cons
                   "(a file path with a space: link or rename the file)");
     }
   }
+  probe_image_path(out).throw_if_error();  // before the model's load and profile, not after them
   auto inputs = make_inputs(c);
   Skeleton sk = load_for_pack(model, inputs, skeleton_options(c));
   try {

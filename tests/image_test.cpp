@@ -3,6 +3,7 @@
 // boundary (short reads, EIO, EINTR, EAGAIN, end of file) for every backend.
 #include <gtest/gtest.h>
 #include <ctime>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -390,6 +391,27 @@ TEST(Image, WriteFailuresLeaveTheOldImageAndNoPartialFile) {
   EXPECT_EQ(partials(), 0);
   // And the same write succeeds once it can.
   EXPECT_TRUE(write_big().ok());
+}
+
+// A pack asks before its work whether the image could be written (cli/cmd_model.cpp): the
+// same error as write_image's, and nothing left behind either way.
+TEST(Image, ProbeSaysWhatWriteWouldSay) {
+  const std::string dir = temp_dir() + "/probe";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  EXPECT_TRUE(probe_image_path(dir + "/a.swapnet").ok());
+  const std::string missing = dir + "/no/such/a.swapnet";
+  Status s = probe_image_path(missing);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(missing + ": cannot create a temporary file in " + dir + "/no/such: No such file"),
+            std::string::npos) << s.message();
+  Status w = write_image(missing, make_fixture(2).info, [](std::size_t) -> const void* { return nullptr; });
+  EXPECT_EQ(w.message(), s.message()) << "the probe and the write say the same";
+  DIR* d = ::opendir(dir.c_str());
+  ASSERT_NE(d, nullptr);
+  int entries = 0;
+  while (dirent* e = ::readdir(d)) entries += e->d_name[0] != '.';
+  ::closedir(d);
+  EXPECT_EQ(entries, 0) << "the probe leaves no file";
 }
 
 TEST(Image, WriteIsAtomic) {

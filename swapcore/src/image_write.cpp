@@ -112,6 +112,13 @@ std::string meta_bytes(const ImageInfo& info) {
 // rename: hundreds of MB left on a device's small disk). A writer holds an exclusive flock on
 // its temporary file while it lives; one nobody holds, not modified for a minute (a writer
 // between creating and locking its file is never that old), is removed.
+// The directory an image at `path` is written in.
+std::string image_dir(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 void remove_stale_partials(const std::string& dir, const std::string& path) {
   const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   const std::string prefix = base + ".partial-";
@@ -280,6 +287,15 @@ Status publish(const std::string& tmp, const std::string& path, const std::strin
 
 }  // namespace
 
+Status probe_image_path(const std::string& path) {
+  std::string tmp = path + ".partial-XXXXXX";
+  int fd = ::mkostemp(&tmp[0], O_CLOEXEC);
+  if (fd < 0) return sys_error(path + ": cannot create a temporary file in " + image_dir(path));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+  return Status();
+}
+
 Status write_image(const std::string& path, ImageInfo info,
                    const std::function<const void*(std::size_t tensor)>& tensor_bytes,
                    const ImageWriteOptions& options) {
@@ -287,9 +303,7 @@ Status write_image(const std::string& path, ImageInfo info,
   if (!s.ok()) return s;
   lay_out(&info);
 
-  std::string dir = ".";
-  auto slash = path.rfind('/');
-  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = image_dir(path);
   remove_stale_partials(dir, path);
   std::string tmp = path + ".partial-XXXXXX";
   int fd = ::mkostemp(&tmp[0], O_CLOEXEC);

@@ -220,6 +220,9 @@ struct ImageWriteOptions {
 SWAPNET_API Status write_image(const std::string& path, ImageInfo info,
                                const std::function<const void*(std::size_t tensor)>& tensor_bytes,
                                const ImageWriteOptions& options = {});
+// Whether write_image could create its temporary file beside `path` (made and removed at once),
+// with write_image's error if not: a pack says so before its work, not after.
+SWAPNET_API Status probe_image_path(const std::string& path);
 
 // Verifies every layer checksum (reads the whole file with the block reader). On a mismatch the
 // status names the first bad layer by index and name.
