@@ -408,13 +408,13 @@ struct Models {
   std::vector<c10::IValue> expected;  // direct inference, one intra-op thread as the workers
 };
 
-Models small_models() {
+Models small_models(int64_t side = 64) {
   Models s;
-  s.pk.push_back(packed("resnet18", {1, 3, 64, 64}));
-  s.pk.push_back(packed("mobilenet_v2", {1, 3, 64, 64}));
+  s.pk.push_back(packed("resnet18", {1, 3, side, side}));
+  s.pk.push_back(packed("mobilenet_v2", {1, 3, side, side}));
   for (size_t i = 0; i < s.pk.size(); ++i) {
     torch::manual_seed(10 + i);
-    s.x.push_back(torch::randn({1, 3, 64, 64}));
+    s.x.push_back(torch::randn({1, 3, side, side}));
   }
   std::thread([&] {
     at::internal::lazy_init_num_threads();
@@ -833,7 +833,7 @@ TEST(Runtime, BudgetWatcherFollowsAFile) {
 namespace swapnet {
 namespace {
 
-// Two hundred requests (a thousand in a long run, Note [Long test runs] in test_util.h) with
+// Two hundred requests at 32x32 (a thousand in a long run, Note [Long test runs] in test_util.h) with
 // random deadlines (some impossible) under each central policy, with ten budget changes during
 // the run: every output bit-identical, none over budget, every request answered (result, or
 // dropped by "lst" only), deadlines counted. Every eighth request waits for the queue to drain,
@@ -842,7 +842,7 @@ namespace {
 class CentralRuntime : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CentralRuntime, RequestsWithRandomDeadlinesAreBitIdentical) {
-  Models s = small_models();
+  Models s = small_models(32);  // the same blocks and reads, a quarter of the compute
   RuntimeOptions ro;
   ro.scheduler = GetParam();
   auto rt = Runtime::open(specs(s), 1u << 30, ro);
