@@ -108,10 +108,6 @@ std::string meta_bytes(const ImageInfo& info) {
   return w.b;
 }
 
-// Temporary files of earlier writes to `path` that never finished (the writer killed before its
-// rename: hundreds of MB left on a device's small disk). A writer holds an exclusive flock on
-// its temporary file while it lives; one nobody holds, not modified for a minute (a writer
-// between creating and locking its file is never that old), is removed.
 // The directory an image at `path` is written in.
 std::string image_dir(const std::string& path) {
   auto slash = path.rfind('/');
@@ -119,6 +115,10 @@ std::string image_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// Temporary files of earlier writes to `path` that never finished (the writer killed before its
+// rename: hundreds of MB left on a device's small disk). A writer holds an exclusive flock on
+// its temporary file while it lives; one nobody holds, not modified for a minute (a writer
+// between creating and locking its file is never that old), is removed.
 void remove_stale_partials(const std::string& dir, const std::string& path) {
   const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   const std::string prefix = base + ".partial-";
