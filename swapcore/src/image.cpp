@@ -94,8 +94,6 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-using detail::u64s;
-
 // A parse error names the image: "<origin>: <what>".
 struct Bad {
   const std::string& origin;

@@ -285,12 +285,22 @@ Status publish(const std::string& tmp, const std::string& path, const std::strin
   return Status();
 }
 
+// The temporary file an image at `path` is written into before its rename (one place, so that
+// probe_image_path() says what write_image() would).
+Status create_partial(const std::string& path, std::string* tmp, int* fd) {
+  *tmp = path + ".partial-XXXXXX";
+  *fd = ::mkostemp(&(*tmp)[0], O_CLOEXEC);
+  if (*fd < 0) return sys_error(path + ": cannot create a temporary file in " + image_dir(path));
+  return Status();
+}
+
 }  // namespace
 
 Status probe_image_path(const std::string& path) {
-  std::string tmp = path + ".partial-XXXXXX";
-  int fd = ::mkostemp(&tmp[0], O_CLOEXEC);
-  if (fd < 0) return sys_error(path + ": cannot create a temporary file in " + image_dir(path));
+  std::string tmp;
+  int fd = -1;
+  Status s = create_partial(path, &tmp, &fd);
+  if (!s.ok()) return s;
   ::close(fd);
   ::unlink(tmp.c_str());
   return Status();
@@ -305,9 +315,10 @@ Status write_image(const std::string& path, ImageInfo info,
 
   const std::string dir = image_dir(path);
   remove_stale_partials(dir, path);
-  std::string tmp = path + ".partial-XXXXXX";
-  int fd = ::mkostemp(&tmp[0], O_CLOEXEC);
-  if (fd < 0) return sys_error(path + ": cannot create a temporary file in " + dir);
+  std::string tmp;
+  int fd = -1;
+  s = create_partial(path, &tmp, &fd);
+  if (!s.ok()) return s;
   (void)::flock(fd, LOCK_EX);  // held until closed: a later write knows this one is alive
   s = write_data(fd, path, &info, tensor_bytes, options);
   if (s.ok()) s = write_tables(fd, path, info);
