@@ -271,7 +271,11 @@ def main() -> int:
     if os.path.exists(manifest_path):
         with open(manifest_path) as f:
             manifest = json.load(f)
-    torch.set_num_threads(os.cpu_count() or 1)
+    # One intra-op thread: on the 2-core VM textgen_small's 40 training steps took 6.0 s at two
+    # threads and 2.6 s at one (small ops; the threads' hand-offs cost more than they share), and
+    # the test sets (small bad zoo) 62 s -> 40 s, 109 -> 61 CPU-s. It also makes the trained
+    # models the same on machines with other core counts.
+    torch.set_num_threads(1)
     textgen.teacher_dir = args.out
     for n in names:
         path = os.path.join(args.out, n + ".pt")
