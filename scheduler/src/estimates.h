@@ -39,17 +39,24 @@ class BlockEstimates {
   void set_costs(std::vector<LayerCost> costs, double ms_per_byte);
   double ms_per_byte() const { return ms_per_byte_; }
   // Expected ms of block [a, b] run while `others` other blocks run beside it (on average), at
-  // the machine's pace `pace` (Pace::factor()).
-  double expect(int a, int b, bool resident, double others, double pace = 1) const;
+  // the machine's pace `pace` (Pace::factor()); `unread`: its bytes not landed yet, where known
+  // (< 0: not known; Note [Waits for the disk] in estimates.cpp).
+  double expect(int a, int b, bool resident, double others, double pace = 1, double unread = -1) const;
   // Block [a, b] took `ms`, `wait_ms` of them waiting for its bytes to land, while `others`
-  // other blocks ran beside it on average; the scheduler had expected `expected` ms of it.
+  // other blocks ran beside it on average; the scheduler had expected `expected` ms of it, with
+  // `unread` of its bytes not landed then (< 0: not known).
   // Returns its compute time over its usual one at that company (for Pace::observe), or 0 while
   // the block has no usual time yet (its first two runs).
-  double observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected);
+  double observe(int a, int b, bool resident, double others, double ms, double wait_ms, double expected,
+                 double unread = -1);
+  // The expected wait for a block's `unread` bytes (> 0): learned from the waits that followed a
+  // known number of unread bytes, the cost model's read time per byte as its prior.
+  double wait_for_unread(double unread) const;
   // A request of the model was dropped on these estimates: what was learned of the model as a
   // whole counts half as much (its seeds move back towards the cost model's) and each block's
   // slowest recent run counts as a usual one, so that a model whose requests are all dropped,
-  // and so never measured again, is not judged on its worst times for ever.
+  // and so never measured again, is not judged on its worst times for ever. Only when no block
+  // of the model ran since its last drop: a model that runs is judged on what it does.
   void forgive();
   // A step of the scheduler (one grant: one or more consecutive blocks, Note [Steps of a grant]
   // in runtime_worker.cpp) took `ms`; the sum of its blocks' estimates was `expected`.
@@ -95,10 +102,14 @@ class BlockEstimates {
   static constexpr double kDecay = 0.05;
   double solo_sum_ = 0, seed_sum_ = 0;         // decayed: measured compute times (alone) and their seeds
   double wait_sum_ = 0, wait_bytes_sum_ = 0;  // decayed: swapped blocks' waits and their bytes
+  // Decayed sums over the swapped blocks that began with a known number of bytes unread (x, MB)
+  // and waited y ms for them: a least-squares line (Note [Waits for the disk]).
+  double wn_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;
   double gamma_ = 0;
   double gamma_xy_ = 0, gamma_xx_ = 0;  // decayed sums of the centred regression
   double err_sum_ = 0;
   std::uint64_t err_n_ = 0;
+  std::uint64_t observed_at_drop_ = 0;  // err_n_ at the last drop (forgive())
   double step_err_sum_ = 0, step_err_ms_sum_ = 0, step_ms_sum_ = 0;
   std::uint64_t step_n_ = 0;
 };

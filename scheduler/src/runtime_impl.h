@@ -81,6 +81,7 @@ struct Worker {
   Clock::time_point granted{};
   double busy_at_grant = 0;
   double expected_next = 0;
+  double expected_unread = -1;  // its unread bytes then (-1: not known)
   // The step holding that worker (Note [Steps of a grant] in runtime_worker.cpp): its blocks'
   // expected and measured ms so far, and whether it keeps the worker for the next block.
   double step_expected = 0, step_ms = 0;
@@ -101,7 +102,7 @@ struct Worker {
     int seen = 0;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
-      const double ms = expect_block(b, others, pace);
+      const double ms = expect_block(b, others, pace, seen == 0 ? next_unread() : -1.0);
       if (seen == 0) e.next = ms;
       if (seen == 1) e.then = ms;
       ++seen;
@@ -109,15 +110,22 @@ struct Worker {
     }
     return e;
   }
-  // Expected ms of the plan's block `b`.
-  double expect_block(size_t b, double others, double pace) const {
+  // Expected ms of the plan's block `b`; `unread`: its bytes not landed yet (< 0: not known).
+  double expect_block(size_t b, double others, double pace, double unread = -1) const {
     const ExecutionPlan& p = exec->plan();
-    return est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others, pace);
+    return est.expect(p.blocks[b].first, p.blocks[b].second, p.resident[b] != 0, others, pace, unread);
   }
-  // Expected ms of the next block alone (0: none left), as Expected::next without the rest's walk.
-  double expect_next_block(double others, double pace) const {
+  // The next block's bytes not landed yet, without waiting on a lock (-1: busy, not known).
+  double next_unread() const {
+    std::uint64_t n = 0;
+    return exec->try_next_block_unread_bytes(&n) ? static_cast<double>(n) : -1.0;
+  }
+  // The next block's expected ms (0: none left) as the step about to run it counts it, with its
+  // unread bytes now (kept in expected_unread, for learning the waits they cost).
+  double expect_next_block(double others, double pace) {
     const int b = next_block();
-    return b < 0 ? 0 : expect_block(static_cast<size_t>(b), others, pace);
+    expected_unread = b < 0 ? -1 : next_unread();
+    return b < 0 ? 0 : expect_block(static_cast<size_t>(b), others, pace, expected_unread);
   }
   // The plan's block the next step runs (-1: none left).
   int next_block() const {

@@ -337,7 +337,8 @@ void Runtime::Impl::release(size_t i, std::pair<int, int> block, bool resident, 
   const double others = held_ms > 0 ? std::max(0.0, (busy_ms - x.busy_at_grant) / held_ms - 1) : 0;
   if (block.first >= 0 && ms > 0) {
     if (log_level() >= LogLevel::kDebug) log_block(i, block, resident, others, ms, wait_ms);
-    pace.observe(x.est.observe(block.first, block.second, resident, others, ms, wait_ms, x.expected_next));
+    pace.observe(x.est.observe(block.first, block.second, resident, others, ms, wait_ms, x.expected_next,
+                               x.expected_unread));
     x.step_expected += x.expected_next;
     x.step_ms += ms;
   }
@@ -372,19 +373,23 @@ void Runtime::Impl::end_step(size_t i) {
 // Under mu, at debug level: one line per block the central scheduler timed, for replaying its
 // estimates (bench/estimates_replay.py): when it ended (ms since the runtime started), the
 // model, the block, what it took and what was expected of it, the machine's pace, and the
-// process's CPU time so far (CPU over wall time between two lines: how many cores it had).
+// process's CPU time so far (CPU over wall time between two lines: how many cores it had), and
+// the bytes all models' readers have landed so far (what the disk did between two lines).
 void Runtime::Impl::log_block(size_t i, std::pair<int, int> block, bool resident, double others, double ms,
                               double wait_ms) {
   Worker& x = *w[i];
   timespec cpu{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
   const double cpu_ms = static_cast<double>(cpu.tv_sec) * 1e3 + static_cast<double>(cpu.tv_nsec) / 1e6;
-  char line[320];
+  std::uint64_t read = 0;
+  for (const auto& y : w) read += y->exec->bytes_read();
+  char line[352];
   std::snprintf(line, sizeof line,
                 "block: t=%.3f model=%s first=%d last=%d resident=%d others=%.3f ms=%.4f wait=%.4f expected=%.4f "
-                "pace=%.4f running=%d cpu_ms=%.3f",
+                "pace=%.4f running=%d cpu_ms=%.3f read_mb=%.3f unread_mb=%.3f",
                 ms_between(t0, Clock::now()), x.spec.name.c_str(), block.first, block.second, resident ? 1 : 0, others, ms,
-                wait_ms, x.expected_next, pace.factor(), running, cpu_ms);
+                wait_ms, x.expected_next, pace.factor(), running, cpu_ms, static_cast<double>(read) / 1e6,
+                x.expected_unread / 1e6);
   log(LogLevel::kDebug, line);
 }
 // Under mu: hands free workers to waiting jobs, as the policy picks.
@@ -431,7 +436,8 @@ void Runtime::Impl::dispatch_locked() {
     ++running;
     x.granted = busy_at;
     x.busy_at_grant = busy_ms;
-    x.expected_next = x.cand.next_ms;
+    // Its next block as it runs now: the bytes still unread have changed while it waited.
+    x.expected_next = x.expect_next_block(std::min(running - 1, workers - 1), pace.factor());
     // The block now holding a core reads first: behind a more urgent job still waiting for a
     // core, its core would idle until that job's reads were done (priority inversion).
     if (disk_aware) set_read_priority(x, -std::numeric_limits<double>::infinity());
