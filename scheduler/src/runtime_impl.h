@@ -82,6 +82,7 @@ struct Worker {
   double busy_at_grant = 0;
   double expected_next = 0;
   double expected_unread = -1;  // its unread bytes then (-1: not known)
+  int next_b = -1;  // while waiting: the plan's block it waits to run (expected())
   // The step holding that worker (Note [Steps of a grant] in runtime_worker.cpp): its blocks'
   // expected and measured ms so far, and whether it keeps the worker for the next block.
   double step_expected = 0, step_ms = 0;
@@ -95,15 +96,20 @@ struct Worker {
   struct Expected {
     double next = 0, rest = 0, then = 0;
   };
-  Expected expected(double others, double pace) const {
+  // Also notes the next block (next_b) for its grant.
+  Expected expected(double others, double pace) {
     const ExecutionPlan& p = exec->plan();
     const int next = exec->in_inference() ? exec->next_layer() : 0;
     Expected e;
     int seen = 0;
+    next_b = -1;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       if (p.blocks[b].second < next) continue;
       const double ms = expect_block(b, others, pace, seen == 0 ? next_unread() : -1.0);
-      if (seen == 0) e.next = ms;
+      if (seen == 0) {
+        e.next = ms;
+        next_b = static_cast<int>(b);
+      }
       if (seen == 1) e.then = ms;
       ++seen;
       e.rest += ms;
@@ -120,13 +126,13 @@ struct Worker {
     std::uint64_t n = 0;
     return exec->try_next_block_unread_bytes(&n) ? static_cast<double>(n) : -1.0;
   }
-  // The next block's expected ms (0: none left) as the step about to run it counts it, with its
+  // Block `b`'s expected ms (0: none, b < 0) as the step about to run it counts it, with its
   // unread bytes now (kept in expected_unread, for learning the waits they cost).
-  double expect_next_block(double others, double pace) {
-    const int b = next_block();
+  double expect_step_block(int b, double others, double pace) {
     expected_unread = b < 0 ? -1 : next_unread();
     return b < 0 ? 0 : expect_block(static_cast<size_t>(b), others, pace, expected_unread);
   }
+  double expect_next_block(double others, double pace) { return expect_step_block(next_block(), others, pace); }
   // The plan's block the next step runs (-1: none left).
   int next_block() const {
     const ExecutionPlan& p = exec->plan();

@@ -373,8 +373,9 @@ void Runtime::Impl::end_step(size_t i) {
 // Under mu, at debug level: one line per block the central scheduler timed, for replaying its
 // estimates (bench/estimates_replay.py): when it ended (ms since the runtime started), the
 // model, the block, what it took and what was expected of it, the machine's pace, and the
-// process's CPU time so far (CPU over wall time between two lines: how many cores it had), and
-// the bytes all models' readers have landed so far (what the disk did between two lines).
+// process's CPU time so far (CPU over wall time between two lines: how many cores it had), the
+// bytes all models' readers have landed so far (what the disk did between two lines), and the
+// block's bytes unread when it was expected (-0.000001: not known; Note [Waits for the disk]).
 void Runtime::Impl::log_block(size_t i, std::pair<int, int> block, bool resident, double others, double ms,
                               double wait_ms) {
   Worker& x = *w[i];
@@ -436,8 +437,9 @@ void Runtime::Impl::dispatch_locked() {
     ++running;
     x.granted = busy_at;
     x.busy_at_grant = busy_ms;
-    // Its next block as it runs now: the bytes still unread have changed while it waited.
-    x.expected_next = x.expect_next_block(std::min(running - 1, workers - 1), pace.factor());
+    // Its next block as it runs now: the bytes still unread have changed while it waited (and
+    // no lock is waited on: the executor's is only tried).
+    x.expected_next = x.expect_step_block(x.next_b, std::min(running - 1, workers - 1), pace.factor());
     // The block now holding a core reads first: behind a more urgent job still waiting for a
     // core, its core would idle until that job's reads were done (priority inversion).
     if (disk_aware) set_read_priority(x, -std::numeric_limits<double>::infinity());
