@@ -177,7 +177,8 @@ double BlockEstimates::median(const Block& k, int what) const {
 double BlockEstimates::wait_for_unread(double unread) const {
   const double x = unread / 1e6, per_mb = ms_per_byte_ * 1e6;
   // The prior: two blocks of 1 and 4 MB waited for at the cost model's rate.
-  const double n = wn_ + 2, sx = wx_ + 5, sy = wy_ + 5 * per_mb, sxx = wxx_ + 17, sxy = wxy_ + 17 * per_mb;
+  const double n = waits_.n + 2, sx = waits_.x + 5, sy = waits_.y + 5 * per_mb, sxx = waits_.xx + 17,
+               sxy = waits_.xy + 17 * per_mb;
   const double det = n * sxx - sx * sx;
   double slope = det > 1e-9 ? (n * sxy - sx * sy) / det : sy / sx;
   slope = std::clamp(slope, 0.25 * per_mb, 4 * per_mb);
@@ -232,14 +233,7 @@ double BlockEstimates::observe(int a, int b, bool resident, double others, doubl
   if (!resident) {
     wait_sum_ = wait_sum_ * (1 - kDecay) + wait_ms;
     wait_bytes_sum_ = wait_bytes_sum_ * (1 - kDecay) + bytes(a, b);
-    if (unread > 0) {
-      const double x = unread / 1e6, d = 1 - kDecay;
-      wn_ = wn_ * d + 1;
-      wx_ = wx_ * d + x;
-      wy_ = wy_ * d + wait_ms;
-      wxx_ = wxx_ * d + x * x;
-      wxy_ = wxy_ * d + x * wait_ms;
-    }
+    if (unread > 0) waits_.add(unread / 1e6, wait_ms, 1 - kDecay);
   }
   return pace;
 }
@@ -278,7 +272,7 @@ void BlockEstimates::forgive() {
     if (k.n > 0) {
       k.compute = median(k, 0);
       k.wait = median(k, 1);
-        }
+    }
   }
 }
 

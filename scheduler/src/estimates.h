@@ -102,9 +102,20 @@ class BlockEstimates {
   static constexpr double kDecay = 0.05;
   double solo_sum_ = 0, seed_sum_ = 0;         // decayed: measured compute times (alone) and their seeds
   double wait_sum_ = 0, wait_bytes_sum_ = 0;  // decayed: swapped blocks' waits and their bytes
-  // Decayed sums over the swapped blocks that began with a known number of bytes unread (x, MB)
-  // and waited y ms for them: a least-squares line (Note [Waits for the disk]).
-  double wn_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;
+  // Decayed sums of a least-squares line: each (x, y) counts d times less at every next one.
+  struct LineSums {
+    double n = 0, x = 0, y = 0, xx = 0, xy = 0;
+    void add(double px, double py, double d) {
+      n = n * d + 1;
+      x = x * d + px;
+      y = y * d + py;
+      xx = xx * d + px * px;
+      xy = xy * d + px * py;
+    }
+  };
+  // Over the swapped blocks that began with a known number of bytes unread (x, MB) and waited
+  // y ms for them (Note [Waits for the disk]).
+  LineSums waits_;
   double gamma_ = 0;
   double gamma_xy_ = 0, gamma_xx_ = 0;  // decayed sums of the centred regression
   double err_sum_ = 0;
