@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Deadline scheduling vs load (issue 48's benchmark): each SLO scenario served at loads stated
 # relative to this machine (swapnet serve --load: periods derived from the models' direct
-# latencies measured at start, Note [Load and run rules] in cli/serve_load.cpp), by every
+# latencies, or on a slow disk their swapped bound, measured at start: Note [Load and run rules]
+# and Note [A load that counts the disk] in cli/serve_load.cpp; /mem variants count direct
+# latencies only, so on a slow disk their periods are shorter), by every
 # variant, at host speed and with the images' disk throttled (bench/throttle.sh), under the
 # scenario's run rules (warm-up not counted, a minimum of requests, fixed seeds). Then the budget
 # traces (steps, a sawtooth, a replayed trace of memory pressure) under the default scheduler:

@@ -234,8 +234,6 @@ ServeSetup set_up(const std::string& path, const Common& c, const ServeOptions& 
   const std::uint64_t whole = open_images(path, c, o, &setup);
   resolve_budgets(path, whole, &setup);
   make_inputs(path, c, o.check, &setup);
-  if (setup.s.load > 0) std::fprintf(stderr, "swapnet: serve %s\n", apply_load(&setup).c_str());
-  setup.warmup_s = choose_warmup(setup.s);
   setup.warmup_inferences = has_deadlines(setup.s) ? kWarmUpInferences : 0;  // Note [Warm-up inferences]
   return setup;
 }
@@ -572,6 +570,11 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   apply_common(c);
   ServeSetup setup = set_up(path, c, o);
   Service svc = open_service(setup, c, o);
+  if (setup.s.load > 0) {  // the budgets the runtime gave: Note [A load that counts the disk]
+    measure_disk(*svc.rt, &setup);
+    std::fprintf(stderr, "swapnet: serve %s\n", apply_load(&setup).c_str());
+  }
+  setup.warmup_s = choose_warmup(setup.s);
   ServeLog log(svc.rt->size(), setup.s.groups.size());
   warm_up(svc.rt.get(), setup);
   Clients clients(svc.rt.get(), setup, o.check, &log);

@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -24,6 +25,14 @@ struct LoadInfo {
   double scale = 1;                // every period, jitter and deadline times this
   int cores = 0;
   std::vector<double> direct_ms;   // per model: direct inference alone (0: not measured)
+  // The disk: its sustained raw O_DIRECT rate when serve started (MB/s; 0: not measured), and
+  // per model the least latency a plan in its budget at open can have there (the physical
+  // bound: compute at direct_ms, and the bytes it must read at that rate; 0: not measured).
+  double read_mb_s = 0;
+  std::vector<double> bound_ms;
+  std::vector<std::uint64_t> budget;  // per model, at open
+  // What the load counts per model: the larger of direct_ms and bound_ms.
+  double counted_ms(size_t i) const { return std::max(direct_ms[i], i < bound_ms.size() ? bound_ms[i] : 0.0); }
 };
 
 // The scenario with the command line's overrides, its images' facts, budgets in bytes, and the
@@ -86,7 +95,10 @@ struct ServeLog {
 // `timed_runs` > 0, that many more, the fastest one's time in *fastest_ms (serve_load.cpp).
 c10::IValue direct_output(const ScenarioModel& m, const ImageInfo& info, const std::vector<c10::IValue>& inputs,
                           int timed_runs = 0, double* fastest_ms = nullptr);
-// Scales setup->s's periods, jitters and deadlines to its load from setup->load.direct_ms;
+// The disk's rate and each model's bound at the budget the runtime gave it (Note [A load that
+// counts the disk] in serve_load.cpp), into setup->load.
+void measure_disk(const Runtime& rt, ServeSetup* setup);
+// Scales setup->s's periods, jitters and deadlines to its load from setup->load (counted_ms);
 // returns what it did, for serve to say.
 std::string apply_load(ServeSetup* setup);
 // The warm-up: the scenario's, else two of its longest period, at most a fifth of the run.

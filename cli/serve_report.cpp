@@ -100,9 +100,18 @@ Counted counted(const std::vector<Outcome>& outcomes, double warmup_s, double sl
 json load_json(const ServeSetup& setup) {
   const LoadInfo& l = setup.load;
   if (!(l.target > 0)) return nullptr;
-  json direct = json::object();
-  for (size_t i = 0; i < setup.s.models.size(); ++i) direct[setup.s.models[i].rt.name] = l.direct_ms[i];
-  return {{"target", l.target}, {"written", l.written}, {"scale", l.scale}, {"cores", l.cores}, {"direct_ms", direct}};
+  json direct = json::object(), bound = json::object(), counted = json::object(), budget = json::object();
+  for (size_t i = 0; i < setup.s.models.size(); ++i) {
+    const std::string& name = setup.s.models[i].rt.name;
+    direct[name] = l.direct_ms[i];
+    bound[name] = i < l.bound_ms.size() ? l.bound_ms[i] : 0.0;
+    counted[name] = l.counted_ms(i);
+    budget[name] = i < l.budget.size() ? l.budget[i] : 0;
+  }
+  // Note [A load that counts the disk] (serve_load.cpp): counted_ms is what the load sums.
+  return {{"target", l.target},      {"written", l.written},   {"scale", l.scale},
+          {"cores", l.cores},        {"direct_ms", direct},    {"read_mb_s", l.read_mb_s},
+          {"bound_ms", bound},       {"counted_ms", counted},  {"budget_bytes", budget}};
 }
 
 // The run's own facts: the scenario, scheduler, budgets and time.

@@ -205,6 +205,21 @@ def main() -> int:
         mean_met = sum(m["slo_met"] for m in met) / max(1, len(met))
         expect(0 <= j["xrbench_score"] <= mean_met + 1e-9 and 0 <= j["slo_met"] <= 1,
                f"xrbench {j['xrbench_score']} over the models' mean slo_met {mean_met} (pooled {j['slo_met']})")
+    # Note [A load that counts the disk]: on a slow disk (emulated at 100 MB/s, far below this
+    # machine's) a swapped model's period counts the bytes its budget leaves to read, not only
+    # its direct latency: the period is that bound over the load.
+    path = scenario("load_disk", duration_s=1, warmup_s=0, total_budget="80%",
+                    models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 40}])
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check", "--load", "0.5",
+                       env={"SWAPNET_EMULATE_READ": "100MB/s"})
+    expect(rc == 0, f"serve load_disk exit {rc}: {err}")
+    if rc == 0:
+        j = json.loads(out)
+        load, r18 = j["load"], j["models"][0]
+        direct, bound, counted = (load[k]["r18"] for k in ("direct_ms", "bound_ms", "counted_ms"))
+        expect(abs(load["read_mb_s"] - 100) < 1e-6 and bound > direct and counted == bound
+               and abs(r18["period_ms"] - counted / 0.5) < 1e-3 and "(100 MB/s)" in err,
+               f"the disk counted: {load}, period {r18['period_ms']}: {err!r}")
     for fields, want in (({"load": 0}, "field 'load'"), ({"warmup_s": -1}, "field 'warmup_s'"),
                          ({"budget_trace": {"sawtooth": {"high": "90%"}}}, "budget_trace.sawtooth"),
                          ({"budget_trace": {"replay": "missing.csv"}}, "cannot read"),
