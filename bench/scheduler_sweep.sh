@@ -12,7 +12,9 @@
 # so the VM's drift spreads over all of them.
 #   bench/scheduler_sweep.sh [--duration S] [--rounds N] [--scenarios "self_driving_slo two_rates"]
 #                            [--loads "0.5 0.75 0.9 1.2 1.5"] [--variants "threads lst threads/mem"]
-#                            [--rates "host 1GB/s"] [--min-requests N] [--no-traces] [--tag NAME]
+#                            [--rates "host 1GB/s paced:1GB/s"] [--min-requests N] [--no-traces] [--tag NAME]
+# A rate: host, a blkio throttle (bench/throttle.sh: 1GB/s), or paced:RATE, swapcore's emulated
+# disk (SWAPNET_EMULATE_READ: one constant rate, Note [An emulated disk]).
 # A variant is a scheduler (threads, lst, heft, ...; "default": what serve chooses) with
 # optional suffixes: /mem (every model in memory: a budget of 1000 %, the baseline without
 # swapping where it fits), /wN (N workers; intra-op threads the cores over them).
@@ -84,7 +86,10 @@ for r in $(seq 1 "$rounds"); do
           echo "== round $r, $rate, $sc, load $load, $v" >&2
           f=$(mktemp)
           # shellcheck disable=SC2046
-          bash "$repo/bench/throttle.sh" "$rate" --path "$models" -- "$cli" serve "$scen/$sc.json" \
+          # paced:RATE, swapcore's emulated disk of one rate (no throttle's burst after idle)
+          pace=""; throttle=$rate
+          case "$rate" in paced:*) pace=${rate#paced:}; throttle=host ;; esac
+          SWAPNET_EMULATE_READ=$pace bash "$repo/bench/throttle.sh" "$throttle" --path "$models" -- "$cli" serve "$scen/$sc.json" \
             --models "$models" --duration "$duration" --socket none --json --load "$load" $(variant_args "$v") \
             ${minreq:+--min-requests "$minreq"} \
             >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($rate $sc $load $v)" >&2
