@@ -213,6 +213,7 @@ struct Runtime::Impl {
                std::unique_lock<std::mutex>& lk);
   void end_step(size_t i);
   void log_block(size_t i, std::pair<int, int> block, bool resident, double others, double ms, double wait_ms);
+  void log_drop(const DispatchCandidate& c, double now_ms);
   void dispatch_locked();
   void set_read_priority(Worker& x, double p);
 

@@ -393,6 +393,15 @@ void Runtime::Impl::log_block(size_t i, std::pair<int, int> block, bool resident
                 x.expected_unread / 1e6);
   log(LogLevel::kDebug, line);
 }
+// At debug level, one line per request the policy dropped: when, the model, whether it had
+// started, what remained of it against the time left, and its share of deadlines met lately.
+void Runtime::Impl::log_drop(const DispatchCandidate& c, double now_ms) {
+  char line[224];
+  std::snprintf(line, sizeof line, "drop: t=%.3f model=%s started=%d remaining=%.3f left=%.3f waited=%.3f met_share=%.3f",
+                now_ms, w[static_cast<size_t>(c.model)]->spec.name.c_str(), c.started ? 1 : 0, c.remaining_ms,
+                c.deadline_ms - now_ms, now_ms - c.arrival_ms, c.met_share);
+  log(LogLevel::kDebug, line);
+}
 // Under mu: hands free workers to waiting jobs, as the policy picks.
 void Runtime::Impl::dispatch_locked() {
   bool changed = false;
@@ -422,6 +431,7 @@ void Runtime::Impl::dispatch_locked() {
     dispatch_us_sum += ms_between(t, Clock::now()) * 1000;
     ++decisions;
     for (int k : d.drop) {
+      if (log_level() >= LogLevel::kDebug) log_drop(c[static_cast<size_t>(k)], ms_between(t0, t));
       w[who[static_cast<size_t>(k)]]->waiting = false;
       w[who[static_cast<size_t>(k)]]->grant = Grant::kDrop;
       changed = true;
