@@ -43,7 +43,9 @@ def sweep(rows):
     rounds = len({r["round"] for r in allrows})
     print(f"slo_met (requests arriving after the warm-up, finished by their deadline; dropped and unanswered "
           f"count as missed) / XRBench score, median over {rounds} round(s). Load: the share of time the machine "
-          f"would be busy serving the requests one at a time by direct inference (Note [Load and run rules]).\n")
+          f"would be busy serving the requests one at a time, each at the larger of its direct latency and "
+          f"the bound its budget sets on the disk (Note [Load and run rules], Note [A load that counts the "
+          f"disk]; sweeps before 2026-11-28's day4: direct latencies only).\n")
     for rate in rates:
         for sc in scens:
             print(f"### {sc}.json, {rate}\n")
