@@ -134,7 +134,7 @@ def plot(out, name, rates, scens, variants, loads, slo):
     script = [f'set terminal pngcairo size {480 * len(scens)},{400 * len(rates)} noenhanced',
               f'set output "{os.path.join(out, name + ".png")}"',
               f'set multiplot layout {len(rates)},{len(scens)}', 'set yrange [0:1.05]',
-              'set xlabel "load (share of the machine: direct inference or the disk bound)"', 'set ylabel "slo_met"', 'set key bottom left']
+              'set xlabel "load (direct latency or disk bound)"', 'set ylabel "slo_met"', 'set key bottom left']
     for title, p in panels:
         script += [f'set title "{title}"', "plot " + p]
     script.append("unset multiplot")
