@@ -49,7 +49,8 @@
 // same periods: a model's latency under `threads` shares the cores with the others), it needs no
 // run of the model, and "load 1" means the machine's compute and disk could do no more. Where the
 // disk reads at memory speed the bound is the direct latency and nothing changes; a budget that
-// changes during the run (a trace) does not change the periods.
+// changes during the run (a trace) does not change the periods. Where every model fits in its
+// budget (nothing to read) the disk is not timed.
 //
 // Note [Warm-up inferences]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -132,30 +133,32 @@ double load_of(const Scenario& s, const LoadInfo& l) {
 void measure_disk(const Runtime& rt, ServeSetup* setup) {
   LoadInfo& l = setup->load;
   const Scenario& s = setup->s;
+  const std::vector<ModelStatus> st = rt.status();
+  l.bound_ms.assign(s.models.size(), 0);
+  l.budget.assign(s.models.size(), 0);
+  std::vector<std::uint64_t> least(s.models.size(), 0);  // bytes a plan in the budget must read
   size_t largest = 0;
-  for (size_t i = 1; i < setup->infos.size(); ++i) {
+  for (size_t i = 0; i < s.models.size(); ++i) {
+    l.budget[i] = st[i].budget;
+    ExecutorOptions o = s.models[i].rt.options;
+    o.budget = st[i].budget;
+    if (st[i].budget > 0) least[i] = min_read_bytes(setup->infos[i], o);  // paused at open: its direct latency
     if (setup->infos[i].data_size > setup->infos[largest].data_size) largest = i;
   }
+  // Every model in memory (a budget of 1000 %): nothing to read, no disk to time.
+  if (*std::max_element(least.begin(), least.end()) == 0) return;
   const ImageInfo& big = setup->infos[largest];
   try {
-    if (big.data_size > 0) {
-      l.read_mb_s = raw_read_mb_s(s.models[largest].rt.image, big.data_offset, big.data_offset + big.data_size, 0.5);
-    }
+    l.read_mb_s = raw_read_mb_s(s.models[largest].rt.image, big.data_offset, big.data_offset + big.data_size, 0.5);
   } catch (const std::exception& e) {  // no O_DIRECT or io_uring there: the engine's reader falls back, so do we
     l.read_mb_s = 0;
     std::fprintf(stderr, "swapnet: serve: the disk's rate not measured (%s): the load counts direct latencies only\n",
                  e.what());
+    return;
   }
-  const std::vector<ModelStatus> st = rt.status();
-  l.bound_ms.assign(s.models.size(), 0);
-  l.budget.assign(s.models.size(), 0);
   for (size_t i = 0; i < s.models.size(); ++i) {
-    l.budget[i] = st[i].budget;
-    if (st[i].budget == 0 || !(l.read_mb_s > 0)) continue;  // paused at open: its direct latency
-    ExecutorOptions o = s.models[i].rt.options;
-    o.budget = st[i].budget;
-    const double b = image_reserve_bound_ms(setup->infos[i], o.budget, l.direct_ms[i], l.read_mb_s,
-                                            min_read_bytes(setup->infos[i], o));
+    if (st[i].budget == 0 || !(l.read_mb_s > 0)) continue;
+    const double b = image_reserve_bound_ms(setup->infos[i], st[i].budget, l.direct_ms[i], l.read_mb_s, least[i]);
     if (std::isfinite(b)) l.bound_ms[i] = b;
   }
 }
