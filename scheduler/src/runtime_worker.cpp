@@ -416,10 +416,8 @@ void Runtime::Impl::dispatch_locked() {
           // stands (0 for a new candidate, as a blind policy sees it; a read never un-lands,
           // and a stale "unread" only defers the job one decision).
           Worker& x = *w[j];
-          std::uint64_t unread = 0;
-          if (x.exec->try_next_block_unread_bytes(&unread)) {
-            x.cand.unread_ms = static_cast<double>(unread) * std::max(x.est.ms_per_byte(), 1e-9);
-          }
+          const double unread = x.next_unread();
+          if (unread >= 0) x.cand.unread_ms = unread * std::max(x.est.ms_per_byte(), 1e-9);
         }
         if (disk_aware) set_read_priority(*w[j], dispatch->urgency(w[j]->cand));
         c.push_back(w[j]->cand);
