@@ -433,6 +433,7 @@ void Clients::arrive(const Stream& st) {
 // Stream k's thread: frames at its period (each moved by its jitter) until the run ends, then
 // its members' inboxes closed.
 void Clients::stream(size_t k) {
+  release_intra_op_threads(true);  // Note [One OpenMP pool per core]
   c10::InferenceMode guard;
   const Stream& st = streams_[k];
   std::mt19937 rng(1234 + st.members.front() + 1000 * (st.group + 1));
@@ -464,6 +465,7 @@ void Clients::settle(int group, size_t frame, bool ok, double ms) {
 
 // Model i's collector: its stream's answers in order.
 void Clients::collect(int i) {
+  release_intra_op_threads(true);  // Note [One OpenMP pool per core]
   c10::InferenceMode guard;
   Inbox& box = *inbox_[i];
   const int group = s_.models[i].group;
@@ -503,6 +505,7 @@ void Clients::collect(int i) {
 
 // Model i's closed loop: the next request when the last is answered (at rate_hz at most).
 void Clients::closed_loop(int i) {
+  release_intra_op_threads(true);  // Note [One OpenMP pool per core]
   c10::InferenceMode guard;
   const double period_ms = s_.models[i].rate_hz > 0 ? 1000.0 / s_.models[i].rate_hz : 0;
   auto next = Clock::now();
@@ -577,6 +580,7 @@ int serve(const std::string& path, const Common& c, const ServeOptions& o) {
   setup.warmup_s = choose_warmup(setup.s);
   ServeLog log(svc.rt->size(), setup.s.groups.size());
   warm_up(svc.rt.get(), setup);
+  release_intra_op_threads(false);  // the warm-up's clones made this thread a pool
   Clients clients(svc.rt.get(), setup, o.check, &log);
   clients.start();
   const auto start = Clock::now();

@@ -4,6 +4,7 @@
 // pausing models that cannot fit, the control socket and the budget sources.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <ATen/Parallel.h>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numeric>
@@ -917,6 +919,65 @@ TEST_P(CentralRuntime, RequestsWithRandomDeadlinesAreBitIdentical) {
   // urgency]); a blind policy leaves each reader on its own.
   const bool io = std::string(GetParam()).find("+io") != std::string::npos;
   EXPECT_EQ(rt->disk_stats().granted > 0, io);
+}
+
+// The threads of this process named `name` (a thread's helpers inherit its name).
+int threads_named(const std::string& name) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "comm");
+    std::string comm;
+    std::getline(f, comm);
+    n += comm == name;
+  }
+  return n;
+}
+
+// Note [One OpenMP pool per core]: a thread that ran a parallel op keeps a pool of helpers;
+// release_intra_op_threads frees them, and `serial` keeps it from making another.
+TEST(IntraOp, AThreadThatOnlyPreparesInputsKeepsNoPool) {
+  int with_pool = 0, released = 0, serial = 0;
+  std::thread([&] {
+    at::internal::lazy_init_num_threads();
+    const int was = at::get_num_threads();  // the process's default, put back below
+    at::set_num_threads(2);  // before the name: it also makes libtorch's shared pool's threads
+    pthread_setname_np(pthread_self(), "swapnet-probe");
+    c10::InferenceMode g;
+    const at::Tensor a = torch::rand({1 << 22});
+    (void)(a * 2).sum().item<float>();  // parallel: a pool with one helper, named as this thread
+    with_pool = threads_named("swapnet-probe");
+    release_intra_op_threads(true);
+    // A joined helper leaves /proc a moment after.
+    for (int k = 0; k < 100 && threads_named("swapnet-probe") > 1; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    released = threads_named("swapnet-probe");
+    (void)(a * 2).sum().item<float>();
+    serial = threads_named("swapnet-probe");
+    at::set_num_threads(was);
+  }).join();
+  EXPECT_EQ(with_pool, 2) << "the thread and its helper";
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(serial, 1) << "a serial thread makes no pool again";
+}
+
+// Note [Compute threads]: under a central scheduler with one worker, two models that ask for
+// two intra-op threads each compute on the one compute thread's pool (it and one helper); the
+// models' own threads start none. Before, each model's thread kept a pool: three helpers'
+// threads against two intra-op threads' worth of work, and libgomp stopped spinning.
+TEST(Runtime, ACentralSchedulerKeepsOnePoolPerWorker) {
+  Models s = small_models();
+  std::vector<RuntimeModel> sp = specs(s);
+  for (auto& m : sp) m.threads = 2;
+  RuntimeOptions ro;
+  ro.scheduler = "fifo";
+  ro.workers = 1;
+  auto rt = Runtime::open(sp, 1u << 30, ro);
+  c10::InferenceMode g;
+  for (int k = 0; k < 3; ++k) {
+    for (int i = 0; i < 2; ++i) (void)rt->submit(i, {s.x[static_cast<size_t>(i)].clone()}).get();
+  }
+  EXPECT_EQ(threads_named("swapnet-cpu0"), 2) << "the compute thread and its one helper";
+  EXPECT_EQ(threads_named("swapnet-model"), 2) << "the models' threads, with no helpers";
+  for (const auto& m : rt->status()) EXPECT_EQ(m.requests, 3u) << m.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, CentralRuntime, ::testing::Values("fifo", "rr", "sel", "lst", "heft", "lst+io"),

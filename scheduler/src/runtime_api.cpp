@@ -51,6 +51,7 @@ void choose_policies(Impl& m, const RuntimeOptions& options) {
     m.dispatch = make_dispatch_policy(options.scheduler, workers);
     m.workers = workers;
     m.free_workers = workers;
+    m.compute = std::make_unique<runtime_detail::ComputeThreads>(workers);
     m.disk_aware = m.dispatch->reads_unread();
   }
 }
@@ -163,6 +164,9 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
     pthread_setname_np(pthread_self(), "swapnet-shed");
     m.shed_loop();
   });
+  // Opening ran torch ops on the caller's thread: its idle OpenMP helpers would make the
+  // workers' stop spinning (Note [One OpenMP pool per core] in intra_op.cpp).
+  release_intra_op_threads(false);
   return rt;
 }
 

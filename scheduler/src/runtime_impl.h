@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "compute_threads.h"
 #include "estimates.h"
 #include "ledger.h"
 #include "swapnet/scheduler.h"
@@ -175,6 +176,8 @@ struct Runtime::Impl {
   bool disk_aware = false;  // the models' reads take turns on their disk by urgency (dispatch.cpp)
   std::map<dev_t, std::shared_ptr<SharedDisk>> disks;  // disk-aware: one per device the images are on
   int workers = 0;  // central: blocks that may run at once
+  // Central: the threads the granted steps run on, one per worker (Note [Compute threads]).
+  std::unique_ptr<runtime_detail::ComputeThreads> compute;
   int free_workers = 0;
   // Central: blocks running now, and their integral over time (block-ms) up to busy_at; a
   // block's mean company is the integral's growth over its run (Note [Block estimates under
@@ -203,8 +206,9 @@ struct Runtime::Impl {
   void loop(size_t i);
   void serve(size_t i, Request r, std::unique_lock<std::mutex>& lk);
   void run_inference(size_t i, Request& r, std::unique_lock<std::mutex>& lk, Served& s);
-  bool run_block(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s);
-  void between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s);
+  bool run_block(size_t i, std::unique_lock<std::mutex>& lk, Served& s);
+  bool run_step(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s);
+  bool between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s, bool may_move = true);
   void count_served(size_t i, const Request& r, const Served& s);
   void note_use(size_t i, const Served& s, std::unique_lock<std::mutex>& lk);
   // Central scheduling: a worker for each block.

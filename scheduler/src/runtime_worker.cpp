@@ -15,6 +15,7 @@
 #include <ctime>
 #include <limits>
 
+#include "intra_op.h"
 #include "runtime_impl.h"
 
 namespace swapnet {
@@ -38,6 +39,7 @@ struct Served {
 // Worker i's thread: serves its requests in turn, and moves to a new target when it may.
 void Runtime::Impl::loop(size_t i) {
   Worker& x = *w[i];
+  pthread_setname_np(pthread_self(), "swapnet-model");
   if (!x.spec.cpus.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -48,9 +50,13 @@ void Runtime::Impl::loop(size_t i) {
     }
   }
   // OpenMP: a thread's pool size is its own once initialised; set ours after libtorch's
-  // first-use initialisation so it is not overwritten.
-  at::internal::lazy_init_num_threads();
-  if (x.spec.threads > 0) at::set_num_threads(x.spec.threads);
+  // first-use initialisation so it is not overwritten. Under a central scheduler the steps run
+  // on the compute threads, and this thread keeps no pool (Note [Compute threads]).
+  if (dispatch) {
+    release_intra_op_threads(true);
+  } else if (x.spec.threads > 0) {
+    runtime_detail::set_intra_op_threads_here(x.spec.threads);  // the process's default untouched
+  }
   set_thread_cpu_account(x.account);
   c10::InferenceMode guard;
   std::unique_lock<std::mutex> lk(mu);
@@ -116,11 +122,15 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
     s.base = cpu_account(x.account).current;
     x.read_wait_ms = -1;  // read again at the first block (run_block)
     x.exec->begin(std::move(r.inputs));
-    while (!run_block(i, r, lk, s)) {
+    if (dispatch) {
+      while (!run_step(i, r, lk, s)) between_blocks(i, lk, s);
+    } else {
+      while (!run_block(i, lk, s)) {
+        note_use(i, s, lk);
+        between_blocks(i, lk, s);
+      }
       note_use(i, s, lk);
-      between_blocks(i, lk, s);
     }
-    note_use(i, s, lk);
     c10::IValue out = x.exec->finish();
     s.learned_now = learned_count(x.exec->learning());  // outside the runtime's lock (the executor takes its own)
     const bool late = r.deadline != Clock::time_point{} && Clock::now() > r.deadline;
@@ -147,18 +157,37 @@ void Runtime::Impl::run_inference(size_t i, Request& r, std::unique_lock<std::mu
     if (!locked) lk.unlock();
   }
 }
-// Worker i, unlocked on entry and return: runs the inference's next block, on a worker the
-// central scheduler grants when there is one. true: the inference is finished.
-bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s) {
+// Worker i's thread, unlocked on entry and return, under a central scheduler: waits for a
+// worker, and runs the step it grants on a compute thread (Note [Compute threads]): blocks
+// while the step holds its worker. Comes back between two blocks when the step ends or the
+// model must move (the caller's between_blocks moves it). true: the inference is finished.
+bool Runtime::Impl::run_step(size_t i, const Request& r, std::unique_lock<std::mutex>& lk, Served& s) {
+  Worker& x = *w[i];
+  if (!x.holding && !acquire(i, r, lk, &s.abandoned)) {
+    s.dropped = true;
+    throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
+  }
+  bool finished = false;
+  const runtime_detail::ComputeSettings how{x.spec.threads, x.account, &x.spec.cpus};
+  compute->run(how, [&] {
+    std::unique_lock<std::mutex> clk(mu, std::defer_lock);  // this thread's hold on the runtime's lock
+    while (true) {
+      finished = run_block(i, clk, s);
+      note_use(i, s, clk);
+      if (finished || !x.holding || !between_blocks(i, clk, s, false)) return;
+    }
+  });
+  return finished;
+}
+// Worker i (or the compute thread running its step), unlocked on entry and return: runs the
+// inference's next block, on the worker the central scheduler granted when there is one.
+// true: the inference is finished.
+bool Runtime::Impl::run_block(size_t i, std::unique_lock<std::mutex>& lk, Served& s) {
   Worker& x = *w[i];
   const bool central = dispatch != nullptr;
   std::pair<int, int> block{-1, -1};
   bool resident = false;
   if (central) {
-    if (!x.holding && !acquire(i, r, lk, &s.abandoned)) {
-      s.dropped = true;
-      throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
-    }
     const int b = x.next_block();
     if (b >= 0) {
       block = x.exec->plan().blocks[static_cast<size_t>(b)];
@@ -185,10 +214,16 @@ bool Runtime::Impl::run_block(size_t i, const Request& r, std::unique_lock<std::
   return finished;
 }
 // Worker i, unlocked on entry and return: between two blocks, moves to a new target (Note
-// [Moving to a new budget]); throws when the model was paused meanwhile.
-void Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s) {
+// [Moving to a new budget]); throws when the model was paused meanwhile. false: it must move
+// and `may_move` is not set (a compute thread does not move a model: its step ends, and the
+// model's thread moves it), nothing done.
+bool Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, Served& s, bool may_move) {
   Worker& x = *w[i];
   lk.lock();
+  if (!may_move && can_move(i)) {
+    lk.unlock();
+    return false;
+  }
   if (can_move(i)) {
     if (x.holding) end_step(i);
     dispatch_locked();  // Note [Handing a worker back]
@@ -208,6 +243,7 @@ void Runtime::Impl::between_blocks(size_t i, std::unique_lock<std::mutex>& lk, S
     s.abandoned = true;
     throw Error(x.spec.name + ": paused in the middle of an inference, which was abandoned: " + why);
   }
+  return true;
 }
 // Worker i, unlocked on entry and return: its use after a block, for the ledger (Note [The
 // memory ledger] in ledger.cpp): weights held, and activations at their peak so far.

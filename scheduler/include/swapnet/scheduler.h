@@ -131,6 +131,13 @@ SWAPNET_API std::unique_ptr<DispatchPolicy> make_dispatch_policy(const std::stri
 // gives a central scheduler's one worker.
 SWAPNET_API int usable_cores();
 
+// Frees the calling thread's idle intra-op (OpenMP) helper threads; `serial`: its torch ops run
+// on it alone from now on (the process's default is unchanged). For threads that only prepare
+// inputs beside a Runtime: helpers of more pools than cores make libgomp stop spinning, and the
+// runtime's inferences slow down (Note [One OpenMP pool per core] in scheduler/src/intra_op.cpp;
+// 1.3-1.5x on 2 cores). Runtime::open frees its caller's.
+SWAPNET_API void release_intra_op_threads(bool serial);
+
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
 struct Ewma {
   double alpha = 0.1;
@@ -150,7 +157,9 @@ struct RuntimeModel {
   double urgency = 1;
   ExecutorOptions options;     // budget: set by the budgeter; grid_step 0: 1/64 of the model, >= 1 MiB
   int threads = 0;             // intra-op threads of this model's inferences; 0: libtorch's setting
-  std::vector<int> cpus;       // pin the model's thread (and the pool it starts) to these CPUs
+  // Pin the model's thread (and the pool it starts) to these CPUs; under a central scheduler,
+  // the compute thread running a step of the model, for that step (its helpers are not moved).
+  std::vector<int> cpus;
 };
 
 struct RuntimeOptions {
@@ -159,7 +168,8 @@ struct RuntimeOptions {
   // "threads": every model's thread runs its blocks whenever it likes (the baseline); else a
   // make_dispatch_policy() name: at most `workers` blocks run at once, the policy picks which.
   std::string scheduler = "threads";
-  // At most this many blocks run at once under a central scheduler. 1: a block at a time, on
+  // At most this many blocks run at once under a central scheduler, each on one of as many
+  // compute threads (Note [Compute threads] in scheduler/src/compute_threads.cpp). 1: a block at a time, on
   // every core as its model's intra-op threads (RuntimeModel::threads 0, libtorch's setting),
   // the default (Note [Serve's defaults] in cli/cmd_serve.cpp says why); 0: one per core this
   // process may run on (usable_cores()), each model's intra-op threads to match (cores / workers).

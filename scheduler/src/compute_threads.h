@@ -1,0 +1,55 @@
+// A central scheduler's compute threads: one per worker, each with its own intra-op (OpenMP)
+// pool, running the granted steps of every model (Note [Compute threads] in compute_threads.cpp).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace swapnet {
+namespace runtime_detail {
+
+// How a step runs on a compute thread: the model's intra-op threads (0: the thread's default),
+// the CPU-meter account its allocations are charged to, and the CPUs it is pinned to (none: the
+// process's).
+struct ComputeSettings {
+  int threads = 0;
+  int account = 0;
+  const std::vector<int>* cpus = nullptr;
+};
+
+class ComputeThreads {
+ public:
+  explicit ComputeThreads(int n);
+  ~ComputeThreads();  // joins the threads; no run() may be under way
+  ComputeThreads(const ComputeThreads&) = delete;
+  ComputeThreads& operator=(const ComputeThreads&) = delete;
+
+  // Runs `fn` on a free compute thread with these settings and waits for it; rethrows what it
+  // threw. Called by at most as many threads at once as there are compute threads (the
+  // scheduler's grants), else the extra call waits for a thread.
+  void run(const ComputeSettings& how, const std::function<void()>& fn);
+
+ private:
+  struct Job {
+    const ComputeSettings* how = nullptr;
+    const std::function<void()>* fn = nullptr;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  void loop(int k);
+
+  std::mutex mu_;
+  std::condition_variable work_;  // a job queued, or stop
+  std::condition_variable done_;  // a job done
+  std::deque<Job*> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace runtime_detail
+}  // namespace swapnet

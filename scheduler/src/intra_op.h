@@ -1,0 +1,13 @@
+// Intra-op (OpenMP) threads per thread, inside the scheduler module (Note [One OpenMP pool per
+// core] in intra_op.cpp; the public call is release_intra_op_threads in scheduler.h).
+#pragma once
+
+namespace swapnet {
+namespace runtime_detail {
+
+// The calling thread's intra-op threads from now on (n >= 1), leaving the process's default (and
+// libtorch's shared thread pool) as they are, unlike at::set_num_threads.
+void set_intra_op_threads_here(int n);
+
+}  // namespace runtime_detail
+}  // namespace swapnet
