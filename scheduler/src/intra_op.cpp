@@ -18,9 +18,25 @@
 // helpers off libgomp's count) and it runs torch ops on itself alone from then on. The OpenMP
 // runtime is the one libtorch itself links (pip's torch carries a libgomp of its own), found
 // through libtorch's own dependency tree; where it has neither call, this does nothing.
+//
+// Note [BLAS on the OpenMP pool]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// libtorch's linear layers call BLAS; Debian's default OpenBLAS is its pthread build, with a
+// thread pool of its own beside the OpenMP one. Once the OpenMP helpers spin again (above),
+// they hold the cores for a few ms after a parallel op, and OpenBLAS's threads wait behind them:
+// self_driving_slo at load 0.9 (2026-11-28), vgg19's linear blocks took a median 4.5 ms more
+// (0.7 -> 5-6 ms) when the compute thread had just run another model's convolutions, and only
+// then; its estimates were off by 0.46 per block. OpenBLAS's OpenMP build runs on the calling
+// thread's pool instead: the extra went to -0.08 ms, the error to 0.23, vgg19's linear blocks
+// took 66 -> 50 ms per inference, and slo_met rose 0.775 -> 0.899 (one run each, the same
+// hour). With one OpenBLAS thread the extra was 0.3 ms but the linear blocks 1.6x slower. So
+// scripts/setup.sh selects the OpenMP build, and a Runtime that finds the pthread build with
+// more than one thread says so (openblas_pool_warning).
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
+
+#include <string>
 
 #include "intra_op.h"
 #include "swapnet/scheduler.h"
@@ -32,6 +48,8 @@ namespace {
 struct OpenMp {
   int (*pause_all)(int) = nullptr;  // omp_pause_resource_all(omp_pause_soft = 1)
   void (*set_threads)(int) = nullptr;
+  int (*blas_parallel)() = nullptr;  // openblas_get_parallel: 0 serial, 1 pthreads, 2 OpenMP
+  int (*blas_threads)() = nullptr;   // openblas_get_num_threads
 };
 
 // The OpenMP runtime libtorch calls: looked up from libtorch's own library and its dependencies.
@@ -46,6 +64,8 @@ const OpenMp& openmp() {
     void* from = lib != nullptr ? lib : RTLD_DEFAULT;
     r.pause_all = reinterpret_cast<int (*)(int)>(dlsym(from, "omp_pause_resource_all"));
     r.set_threads = reinterpret_cast<void (*)(int)>(dlsym(from, "omp_set_num_threads"));
+    r.blas_parallel = reinterpret_cast<int (*)()>(dlsym(from, "openblas_get_parallel"));
+    r.blas_threads = reinterpret_cast<int (*)()>(dlsym(from, "openblas_get_num_threads"));
     // The handle stays open: the library was loaded already, and is not unloaded with it.
     return r;
   }();
@@ -65,6 +85,16 @@ void set_intra_op_threads_here(int n) {
   } else {
     at::set_num_threads(n);  // no OpenMP runtime of its own found: libtorch's own call
   }
+}
+
+std::string openblas_pool_warning() {
+  const OpenMp& o = openmp();
+  if (o.blas_parallel == nullptr || o.blas_threads == nullptr) return "";
+  if (o.blas_parallel() != 1 || o.blas_threads() <= 1) return "";
+  return "libtorch's BLAS is OpenBLAS's pthread build (" + std::to_string(o.blas_threads()) +
+         " threads of its own beside the OpenMP pool): linear layers right after another model's step wait "
+         "for cores (Note [BLAS on the OpenMP pool]); select its OpenMP build (libopenblas0-openmp, as "
+         "scripts/setup.sh does) or set OPENBLAS_NUM_THREADS=1";
 }
 
 }  // namespace runtime_detail

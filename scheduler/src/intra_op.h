@@ -2,12 +2,18 @@
 // core] in intra_op.cpp; the public call is release_intra_op_threads in scheduler.h).
 #pragma once
 
+#include <string>
+
 namespace swapnet {
 namespace runtime_detail {
 
 // The calling thread's intra-op threads from now on (n >= 1), leaving the process's default (and
 // libtorch's shared thread pool) as they are, unlike at::set_num_threads.
 void set_intra_op_threads_here(int n);
+
+// Why libtorch's BLAS would compete with the OpenMP pool for cores ("" when it does not): the
+// pthread build of OpenBLAS with more than one thread (Note [BLAS on the OpenMP pool]).
+std::string openblas_pool_warning();
 
 }  // namespace runtime_detail
 }  // namespace swapnet
