@@ -26,11 +26,12 @@
 
 #include "intra_op.h"
 #include "swapnet/assembly.h"
+#include "swapnet/scheduler.h"
 
 namespace swapnet {
 namespace runtime_detail {
 
-ComputeThreads::ComputeThreads(int n) {
+ComputeThreads::ComputeThreads(int n) : park_on_switch_(blas_has_own_threads()) {
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, k] { loop(k); });
 }
 
@@ -85,6 +86,7 @@ void ComputeThreads::loop(int k) {
   CPU_ZERO(&all);
   (void)pthread_getaffinity_np(pthread_self(), sizeof all, &all);
   c10::InferenceMode guard;
+  int last_model = -1;
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     work_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
@@ -94,6 +96,8 @@ void ComputeThreads::loop(int k) {
     lk.unlock();
     try {
       const ComputeSettings& how = *job->how;
+      if (park_on_switch_ && how.model != last_model) release_intra_op_threads(false);
+      last_model = how.model;
       if (how.threads > 0) set_intra_op_threads_here(how.threads);
       PinFor pin(how.cpus, all);
       const int before = set_thread_cpu_account(how.account);

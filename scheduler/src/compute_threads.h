@@ -17,6 +17,7 @@ namespace runtime_detail {
 // the CPU-meter account its allocations are charged to, and the CPUs it is pinned to (none: the
 // process's).
 struct ComputeSettings {
+  int model = -1;  // whose step: a compute thread going on to another model's step may free its helpers
   int threads = 0;
   int account = 0;
   const std::vector<int>* cpus = nullptr;
@@ -49,6 +50,7 @@ class ComputeThreads {
   std::deque<Job*> jobs_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  const bool park_on_switch_;  // Note [BLAS beside the OpenMP pool]
 };
 
 }  // namespace runtime_detail

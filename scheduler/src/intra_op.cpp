@@ -19,24 +19,25 @@
 // runtime is the one libtorch itself links (pip's torch carries a libgomp of its own), found
 // through libtorch's own dependency tree; where it has neither call, this does nothing.
 //
-// Note [BLAS on the OpenMP pool]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [BLAS beside the OpenMP pool]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // libtorch's linear layers call BLAS; Debian's default OpenBLAS is its pthread build, with a
 // thread pool of its own beside the OpenMP one. Once the OpenMP helpers spin again (above),
 // they hold the cores for a few ms after a parallel op, and OpenBLAS's threads wait behind them:
 // self_driving_slo at load 0.9 (2026-11-28), vgg19's linear blocks took a median 4.5 ms more
 // (0.7 -> 5-6 ms) when the compute thread had just run another model's convolutions, and only
 // then; its estimates were off by 0.46 per block. OpenBLAS's OpenMP build runs on the calling
-// thread's pool instead: the extra went to -0.08 ms, the error to 0.23, vgg19's linear blocks
-// took 66 -> 50 ms per inference, and slo_met rose 0.775 -> 0.899 (one run each, the same
-// hour). With one OpenBLAS thread the extra was 0.3 ms but the linear blocks 1.6x slower. So
-// scripts/setup.sh selects the OpenMP build, and a Runtime that finds the pthread build with
-// more than one thread says so (openblas_pool_warning).
+// thread's pool instead (the extra -0.08 ms, 0.23 per block, slo_met 0.775 -> 0.899 in the same
+// hour), but with libgomp a process that forks after threads ran matrix products hangs in the
+// child's first product (tests/preload/torch_program.py did, in a fresh clone): not a choice a
+// library may make for its host. One OpenBLAS thread removed the extra too (0.3 ms), but made
+// the linear blocks 1.6x slower. So where OpenBLAS has threads of its own, a compute thread that
+// goes on to another model's step first frees its OpenMP helpers (a few tens of microseconds to
+// start them again at the next parallel op): the helpers of the last model's convolutions no
+// longer spin on the cores the next model's linear layers need (ComputeThreads::loop).
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
-
-#include <string>
 
 #include "intra_op.h"
 #include "swapnet/scheduler.h"
@@ -87,14 +88,9 @@ void set_intra_op_threads_here(int n) {
   }
 }
 
-std::string openblas_pool_warning() {
+bool blas_has_own_threads() {
   const OpenMp& o = openmp();
-  if (o.blas_parallel == nullptr || o.blas_threads == nullptr) return "";
-  if (o.blas_parallel() != 1 || o.blas_threads() <= 1) return "";
-  return "libtorch's BLAS is OpenBLAS's pthread build (" + std::to_string(o.blas_threads()) +
-         " threads of its own beside the OpenMP pool): linear layers right after another model's step wait "
-         "for cores (Note [BLAS on the OpenMP pool]); select its OpenMP build (libopenblas0-openmp, as "
-         "scripts/setup.sh does) or set OPENBLAS_NUM_THREADS=1";
+  return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_parallel() == 1 && o.blas_threads() > 1;
 }
 
 }  // namespace runtime_detail

@@ -2,8 +2,6 @@
 // core] in intra_op.cpp; the public call is release_intra_op_threads in scheduler.h).
 #pragma once
 
-#include <string>
-
 namespace swapnet {
 namespace runtime_detail {
 
@@ -11,9 +9,9 @@ namespace runtime_detail {
 // libtorch's shared thread pool) as they are, unlike at::set_num_threads.
 void set_intra_op_threads_here(int n);
 
-// Why libtorch's BLAS would compete with the OpenMP pool for cores ("" when it does not): the
-// pthread build of OpenBLAS with more than one thread (Note [BLAS on the OpenMP pool]).
-std::string openblas_pool_warning();
+// Whether libtorch's BLAS keeps threads of its own that compete with the OpenMP pool for cores:
+// OpenBLAS's pthread build with more than one thread (Note [BLAS beside the OpenMP pool]).
+bool blas_has_own_threads();
 
 }  // namespace runtime_detail
 }  // namespace swapnet

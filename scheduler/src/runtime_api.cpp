@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "intra_op.h"
 #include "runtime_impl.h"
 
 #include <nlohmann/json.hpp>
@@ -168,8 +167,6 @@ std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::ui
   // Opening ran torch ops on the caller's thread: its idle OpenMP helpers would make the
   // workers' stop spinning (Note [One OpenMP pool per core] in intra_op.cpp).
   release_intra_op_threads(false);
-  const std::string blas = runtime_detail::openblas_pool_warning();
-  if (!blas.empty() && m.dispatch) log_once(LogLevel::kWarn, "openblas_pool", "runtime: " + blas);
   return rt;
 }
 

@@ -168,7 +168,7 @@ bool Runtime::Impl::run_step(size_t i, const Request& r, std::unique_lock<std::m
     throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
   }
   bool finished = false;
-  const runtime_detail::ComputeSettings how{x.spec.threads, x.account, &x.spec.cpus};
+  const runtime_detail::ComputeSettings how{static_cast<int>(i), x.spec.threads, x.account, &x.spec.cpus};
   compute->run(how, [&] {
     std::unique_lock<std::mutex> clk(mu, std::defer_lock);  // this thread's hold on the runtime's lock
     while (true) {
