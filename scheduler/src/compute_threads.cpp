@@ -44,10 +44,18 @@ ComputeThreads::~ComputeThreads() {
   for (auto& t : threads_) t.join();
 }
 
-void ComputeThreads::run(const ComputeSettings& how, const std::function<void()>& fn) {
+int pin_this_thread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+void ComputeThreads::run(const ComputeSettings& how, void (*call)(void*), void* fn) {
   Job job;
   job.how = &how;
-  job.fn = &fn;
+  job.call = call;
+  job.fn = fn;
   std::unique_lock<std::mutex> lk(mu_);
   jobs_.push_back(&job);
   work_.notify_one();
@@ -61,11 +69,7 @@ namespace {
 class PinFor {
  public:
   PinFor(const std::vector<int>* cpus, const cpu_set_t& all) : all_(all) {
-    if (cpus == nullptr || cpus->empty()) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : *cpus) CPU_SET(c, &set);
-    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+    if (cpus != nullptr && !cpus->empty()) pinned_ = pin_this_thread(*cpus) == 0;
   }
   ~PinFor() {
     if (pinned_) (void)pthread_setaffinity_np(pthread_self(), sizeof all_, &all_);
@@ -102,13 +106,12 @@ void ComputeThreads::loop(int k) {
       PinFor pin(how.cpus, all);
       const int before = set_thread_cpu_account(how.account);
       try {
-        (*job->fn)();
+        job->call(job->fn);
       } catch (...) {
-        set_thread_cpu_account(before);
-        throw;
+        job->error = std::current_exception();
       }
       set_thread_cpu_account(before);
-    } catch (...) {
+    } catch (...) {  // the settings' own failures (a thread that cannot start)
       job->error = std::current_exception();
     }
     lk.lock();

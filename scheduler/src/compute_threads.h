@@ -5,7 +5,6 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,6 +22,9 @@ struct ComputeSettings {
   const std::vector<int>* cpus = nullptr;
 };
 
+// Pins the calling thread to `cpus`; returns pthread_setaffinity_np's error (0: pinned).
+int pin_this_thread(const std::vector<int>& cpus);
+
 class ComputeThreads {
  public:
   explicit ComputeThreads(int n);
@@ -32,16 +34,22 @@ class ComputeThreads {
 
   // Runs `fn` on a free compute thread with these settings and waits for it; rethrows what it
   // threw. Called by at most as many threads at once as there are compute threads (the
-  // scheduler's grants), else the extra call waits for a thread.
-  void run(const ComputeSettings& how, const std::function<void()>& fn);
+  // scheduler's grants), else the extra call waits for a thread. `fn` is called by reference
+  // (no copy, no allocation per step).
+  template <typename F>
+  void run(const ComputeSettings& how, F& fn) {
+    run(how, [](void* f) { (*static_cast<F*>(f))(); }, &fn);
+  }
 
  private:
   struct Job {
     const ComputeSettings* how = nullptr;
-    const std::function<void()>* fn = nullptr;
+    void (*call)(void*) = nullptr;
+    void* fn = nullptr;
     bool done = false;
     std::exception_ptr error;
   };
+  void run(const ComputeSettings& how, void (*call)(void*), void* fn);
   void loop(int k);
 
   std::mutex mu_;

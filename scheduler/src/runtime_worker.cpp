@@ -6,7 +6,6 @@
 #include <c10/core/InferenceMode.h>
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,10 +40,7 @@ void Runtime::Impl::loop(size_t i) {
   Worker& x = *w[i];
   pthread_setname_np(pthread_self(), "swapnet-model");
   if (!x.spec.cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : x.spec.cpus) CPU_SET(c, &set);
-    if (int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set)) {
+    if (int rc = runtime_detail::pin_this_thread(x.spec.cpus)) {
       log_once(LogLevel::kWarn, "pin_" + x.spec.name,
                x.spec.name + ": cannot pin to its CPUs: " + std::string(std::strerror(rc)) + "; running unpinned");
     }
@@ -169,14 +165,15 @@ bool Runtime::Impl::run_step(size_t i, const Request& r, std::unique_lock<std::m
   }
   bool finished = false;
   const runtime_detail::ComputeSettings how{static_cast<int>(i), x.spec.threads, x.account, &x.spec.cpus};
-  compute->run(how, [&] {
+  auto step = [&] {
     std::unique_lock<std::mutex> clk(mu, std::defer_lock);  // this thread's hold on the runtime's lock
     while (true) {
       finished = run_block(i, clk, s);
       note_use(i, s, clk);
       if (finished || !x.holding || !between_blocks(i, clk, s, false)) return;
     }
-  });
+  };
+  compute->run(how, step);
   return finished;
 }
 // Worker i (or the compute thread running its step), unlocked on entry and return: runs the
