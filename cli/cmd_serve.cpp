@@ -136,7 +136,10 @@ std::string choose_defaults(Scenario& s) {
     if (central) say("1 worker (a block at a time, on all " + std::to_string(cores) + " cores)");
   }
   const int over = central ? s.workers : static_cast<int>(s.models.size());  // who shares the cores
-  const int per_model = std::max(1, cores / std::max(1, over));
+  RuntimeOptions ro;  // the runtime's own rule (Note [A model's threads from the machine])
+  ro.scheduler = s.scheduler;
+  ro.workers = s.workers;
+  const int per_model = default_intra_op_threads(ro, s.models.size());
   bool threads_chosen = false;
   for (auto& m : s.models) {
     if (m.rt.threads != 0) continue;

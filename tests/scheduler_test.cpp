@@ -980,6 +980,41 @@ TEST(Runtime, ACentralSchedulerKeepsOnePoolPerWorker) {
   for (const auto& m : rt->status()) EXPECT_EQ(m.requests, 3u) << m.name;
 }
 
+// Note [A model's threads from the machine]: a model left at threads 0 runs on the cores the
+// process may use over the blocks that run at once, not at libtorch's default (the physical
+// cores cpuinfo counts: 1 on a VM whose two vCPUs it takes for one core's hyperthreads, where
+// this test failed before: one thread named swapnet-model); a model's own setting stays.
+TEST(Runtime, AModelLeftAtZeroThreadsGetsTheMachinesCores) {
+  const int cores = usable_cores();
+  RuntimeOptions ro;  // "threads": each model's thread on its own
+  EXPECT_EQ(default_intra_op_threads(ro, 2), std::max(1, cores / 2));
+  ro.scheduler = "fifo";
+  ro.workers = 1;
+  EXPECT_EQ(default_intra_op_threads(ro, 2), cores) << "one worker: a block at a time on every core";
+  ro.workers = 0;
+  EXPECT_EQ(default_intra_op_threads(ro, 2), 1) << "a worker per core";
+  Models s = small_models();
+  std::vector<RuntimeModel> sp = specs(s);
+  ASSERT_EQ(sp.size(), 2u);
+  sp[0].threads = 0;
+  sp[1].threads = 3;
+  {
+    auto rt = Runtime::open(sp, 1u << 30, RuntimeOptions{});
+    const std::vector<ModelStatus> st = rt->status();
+    EXPECT_EQ(st[0].threads, std::max(1, cores / 2)) << "chosen: the cores over the two models";
+    EXPECT_EQ(st[1].threads, 3) << "its own setting";
+  }
+  // Alone, it computes on every core: its thread and a helper per other core, named after it.
+  sp.resize(1);
+  auto rt = Runtime::open(sp, 1u << 30, RuntimeOptions{});
+  EXPECT_EQ(rt->status()[0].threads, cores);
+  c10::InferenceMode g;
+  for (int k = 0; k < 3; ++k) (void)rt->submit(0, {s.x[0].clone()}).get();
+  EXPECT_EQ(threads_named("swapnet-model"), cores);
+  sp[0].threads = -1;
+  EXPECT_THROW(Runtime::open(sp, 1u << 30, RuntimeOptions{}), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, CentralRuntime, ::testing::Values("fifo", "rr", "sel", "lst", "heft", "lst+io"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;

@@ -222,6 +222,7 @@ struct RuntimeHolder : torch::CustomClassHolder {
                         {"paused", s.paused},
                         {"paused_reason", s.paused_reason},
                         {"blocks", s.blocks},
+                        {"threads", s.threads},
                         {"resident_blocks", s.resident_blocks},
                         {"predicted_ms", s.predicted_ms},
                         {"min_bytes", s.min_bytes},

@@ -103,6 +103,7 @@ void add_model(Impl& m, RuntimeModel& spec) {
   d.full_bytes = std::max(d.curve.back().first, d.min_bytes);
   d.latency_ms = d.curve.back().second;
   x->st.name = d.name;
+  x->st.threads = x->spec.threads;
   x->st.min_bytes = d.min_bytes;
   x->st.full_bytes = d.full_bytes;
   m.demands.push_back(std::move(d));
@@ -142,12 +143,50 @@ void first_split(Impl& m, std::uint64_t total_budget) {
 
 }  // namespace
 
+// Note [A model's threads from the machine]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model left at RuntimeModel::threads 0 used to run at libtorch's setting on its thread. That
+// is the physical cores cpuinfo counts, in any process: 1 on this project's VM, whose two vCPUs
+// it takes for one core's hyperthreads (serve and the other CLI commands set their own, and
+// so ran at 2). A Python program's swapnet.Runtime ran resnet101 at 129 MiB in 250-316 ms where
+// `swapnet run` took 115 ms, and 126 ms once the program called torch.set_num_threads(2)
+// (2026-11-28): users do not know to do that. Where the cores are all physical (a Jetson),
+// libtorch's setting is every core for every model, and models running at once under "threads"
+// oversubscribed them. So the runtime chooses as serve does (Note [Serve's defaults] in
+// cli/cmd_serve.cpp), from the cores this process may run on, says what it chose, and reports
+// each model's threads in its status; a model's `threads` still overrides it.
+int default_intra_op_threads(const RuntimeOptions& options, std::size_t models) {
+  const bool central = options.scheduler != "threads";
+  const int at_once = central ? (options.workers == 0 ? usable_cores() : options.workers) : static_cast<int>(models);
+  return std::max(1, usable_cores() / std::max(1, at_once));
+}
+namespace {
+// Gives the models left at threads 0 the machine's choice, and says it.
+void choose_threads(std::vector<RuntimeModel>& models, const RuntimeOptions& options) {
+  const int n = default_intra_op_threads(options, models.size());
+  std::string chosen;
+  for (auto& spec : models) {
+    if (spec.threads < 0) throw Error(spec.name + ": threads " + std::to_string(spec.threads) + " must be >= 1 (0: from the machine)");
+    if (spec.threads != 0) continue;
+    spec.threads = n;
+    chosen += (chosen.empty() ? "" : ", ") + spec.name;
+  }
+  if (chosen.empty()) return;
+  const bool central = options.scheduler != "threads";
+  log(LogLevel::kInfo, "runtime: " + std::to_string(n) + " intra-op thread(s) for " + chosen + " (" +
+                           std::to_string(usable_cores()) + " cores over " +
+                           (central ? "the scheduler's workers" : std::to_string(models.size()) + " model(s)") +
+                           "; a model's \"threads\" sets its own)");
+}
+}  // namespace
+
 std::unique_ptr<Runtime> Runtime::open(std::vector<RuntimeModel> models, std::uint64_t total_budget,
                                        const RuntimeOptions& options) {
   if (models.empty()) throw Error("runtime: no models");
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   choose_policies(m, options);
+  choose_threads(models, options);
   install_cpu_meter();
   const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
   for (auto& spec : models) {

@@ -188,6 +188,9 @@ def test_runtime_serves_several_models_from_threads(packed):
     assert status["total_budget"] == 60 << 20
     assert sum(m["budget"] for m in status["models"]) <= 60 << 20
     assert all(m["over_budget"] == 0 and m["failed"] == 0 for m in status["models"]), status
+    # Threads from the machine, not torch's default (Note [A model's threads from the machine]).
+    cores = len(os.sched_getaffinity(0))
+    assert [m["threads"] for m in status["models"]] == [max(1, cores // 2)] * 2, status
     assert torch.equal(rt("r18", x18), ref18)
     with pytest.raises(KeyError, match="no model named 'nope'"):
         rt("nope", x18)

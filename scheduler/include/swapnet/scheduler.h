@@ -137,6 +137,15 @@ SWAPNET_API int usable_cores();
 // runtime's inferences slow down (Note [One OpenMP pool per core] in scheduler/src/intra_op.cpp;
 // 1.3-1.5x on 2 cores). Runtime::open frees its caller's.
 SWAPNET_API void release_intra_op_threads(bool serial);
+struct RuntimeOptions;
+// The intra-op threads a model whose RuntimeModel::threads is 0 gets among `models` models: the
+// cores this process may run on (usable_cores()) over the blocks that run at once, the workers
+// of a central scheduler or, under "threads", the models (each model's thread on its own); at
+// least 1. Not libtorch's own default, which is the physical cores cpuinfo finds (1 of this
+// project's 2-vCPU VM) in every process, and in Python whatever the program set: models of
+// several programs' settings then ran at half speed or oversubscribed the cores (Note [A
+// model's threads from the machine] in scheduler/src/runtime_api.cpp).
+SWAPNET_API int default_intra_op_threads(const RuntimeOptions& options, std::size_t models);
 
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
 struct Ewma {
@@ -156,7 +165,9 @@ struct RuntimeModel {
   std::string image;           // swap image (.swapnet)
   double urgency = 1;
   ExecutorOptions options;     // budget: set by the budgeter; grid_step 0: 1/64 of the model, >= 1 MiB
-  int threads = 0;             // intra-op threads of this model's inferences; 0: libtorch's setting
+  // Intra-op threads of this model's inferences; 0: chosen from the machine by
+  // default_intra_op_threads() (said in the log; ModelStatus::threads).
+  int threads = 0;
   // Pin the model's thread (and the pool it starts) to these CPUs; under a central scheduler,
   // the compute thread running a step of the model, for that step (its helpers are not moved).
   std::vector<int> cpus;
@@ -170,7 +181,7 @@ struct RuntimeOptions {
   std::string scheduler = "threads";
   // At most this many blocks run at once under a central scheduler, each on one of as many
   // compute threads (Note [Compute threads] in scheduler/src/compute_threads.cpp). 1: a block at a time, on
-  // every core as its model's intra-op threads (RuntimeModel::threads 0, libtorch's setting),
+  // every core as its model's intra-op threads (RuntimeModel::threads 0: cores / workers),
   // the default (Note [Serve's defaults] in cli/cmd_serve.cpp says why); 0: one per core this
   // process may run on (usable_cores()), each model's intra-op threads to match (cores / workers).
   int workers = 1;
@@ -182,6 +193,7 @@ struct ModelStatus {
   bool paused = false;
   std::string paused_reason;
   int blocks = 0;                    // of the plan in force
+  int threads = 0;                   // intra-op threads its inferences run on (chosen or given)
   int resident_blocks = 0;
   double predicted_ms = 0;
   std::uint64_t min_bytes = 0, full_bytes = 0;
