@@ -1,11 +1,13 @@
 // The scheduler's internal parts on their own: the block estimates (Note [Block estimates under
-// contention] in estimates.cpp) and the memory ledger (Note [The memory ledger] in ledger.cpp).
+// contention] in estimates.cpp), the memory ledger (Note [The memory ledger] in ledger.cpp) and
+// which layers call BLAS (Note [BLAS beside the OpenMP pool] in intra_op.cpp).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 
 #include "estimates.h"
+#include "intra_op.h"
 #include "ledger.h"
 
 namespace swapnet {
@@ -190,6 +192,17 @@ TEST(MemoryLedger, ACutMayTakeEffectBeforeItCounts) {
   l.use(0, 55, at(2));  // above the total in force: broken
   u = l.totals(at(3));
   EXPECT_DOUBLE_EQ(u.over_byte_s, 5.0);
+}
+
+// A step whose first layer calls BLAS is the one a compute thread frees its helpers for.
+TEST(IntraOp, ALayerCallsBlasWhenItHasALinearOrAMatrixProduct) {
+  EXPECT_TRUE(calls_blas("aten::linear"));
+  EXPECT_TRUE(calls_blas("aten::flatten,aten::linear,aten::relu"));
+  EXPECT_TRUE(calls_blas("prim::GetAttr,aten::addmm"));
+  EXPECT_TRUE(calls_blas("aten::matmul"));
+  EXPECT_FALSE(calls_blas("aten::_convolution,aten::relu_"));
+  EXPECT_FALSE(calls_blas("aten::mmx,aten::linear_backward"));  // whole names only
+  EXPECT_FALSE(calls_blas(""));
 }
 
 }  // namespace

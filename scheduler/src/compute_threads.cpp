@@ -90,7 +90,7 @@ void ComputeThreads::loop(int k) {
   CPU_ZERO(&all);
   (void)pthread_getaffinity_np(pthread_self(), sizeof all, &all);
   c10::InferenceMode guard;
-  int last_model = -1;
+  int last_blas_model = -1;  // the model whose BLAS-first step ran last here (-1: another step)
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     work_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
@@ -100,8 +100,9 @@ void ComputeThreads::loop(int k) {
     lk.unlock();
     try {
       const ComputeSettings& how = *job->how;
-      if (park_on_switch_ && how.model != last_model) release_intra_op_threads(false);
-      last_model = how.model;
+      // Note [BLAS beside the OpenMP pool]: not between two of a model's BLAS-first steps in a row.
+      if (park_on_switch_ && how.blas_first && how.model != last_blas_model) release_intra_op_threads(false);
+      last_blas_model = how.blas_first ? how.model : -1;
       if (how.threads > 0) set_intra_op_threads_here(how.threads);
       PinFor pin(how.cpus, all);
       const int before = set_thread_cpu_account(how.account);

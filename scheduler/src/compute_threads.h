@@ -16,10 +16,14 @@ namespace runtime_detail {
 // the CPU-meter account its allocations are charged to, and the CPUs it is pinned to (none: the
 // process's).
 struct ComputeSettings {
-  int model = -1;  // whose step: a compute thread going on to another model's step may free its helpers
+  int model = -1;  // whose step
   int threads = 0;
   int account = 0;
   const std::vector<int>* cpus = nullptr;
+  // Its first layer calls BLAS (a linear layer, a matrix product): a compute thread that comes
+  // to it from any other step than the same model's BLAS-first one frees its helpers first
+  // (Note [BLAS beside the OpenMP pool]).
+  bool blas_first = false;
 };
 
 // Pins the calling thread to `cpus`; returns pthread_setaffinity_np's error (0: pinned).

@@ -31,13 +31,21 @@
 // hour), but with libgomp a process that forks after threads ran matrix products hangs in the
 // child's first product (tests/preload/torch_program.py did, in a fresh clone): not a choice a
 // library may make for its host. One OpenBLAS thread removed the extra too (0.3 ms), but made
-// the linear blocks 1.6x slower. So where OpenBLAS has threads of its own, a compute thread that
-// goes on to another model's step first frees its OpenMP helpers (a few tens of microseconds to
-// start them again at the next parallel op): the helpers of the last model's convolutions no
-// longer spin on the cores the next model's linear layers need (ComputeThreads::loop).
+// the linear blocks 1.6x slower. So where OpenBLAS has threads of its own, a compute thread frees its
+// OpenMP helpers before a step whose first layer calls BLAS, unless the step before it was the
+// same model's and began with BLAS too: the helpers of the last convolutions (another model's,
+// or vgg19's own features before its classifier) no longer spin on the cores the linear layers
+// need (ComputeThreads::loop). Only then: freeing them before every other model's
+// step (9a897e1) made the convolution models' blocks 13-25 % slower, not only the first after
+// a switch (self_driving_slo at load 0.9, 2026-11-28, three interleaved rounds against the
+// commit before: slo_met 0.600/0.701/0.594 against 0.808/0.883/0.835), more than the 4.3 ms
+// it saved on each of vgg19's linear blocks after a switch.
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <string>
 
 #include "intra_op.h"
 #include "swapnet/scheduler.h"
@@ -91,6 +99,21 @@ void set_intra_op_threads_here(int n) {
 bool blas_has_own_threads() {
   const OpenMp& o = openmp();
   return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_parallel() == 1 && o.blas_threads() > 1;
+}
+
+bool calls_blas(const std::string& ops) {
+  static const char* const kBlas[] = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm",
+                                      "aten::bmm",    "aten::baddbmm", "aten::addmv", "aten::mv"};
+  std::size_t at = 0;
+  while (at <= ops.size()) {
+    const std::size_t end = std::min(ops.find(',', at), ops.size());
+    const std::string op = ops.substr(at, end - at);
+    for (const char* b : kBlas) {
+      if (op == b) return true;
+    }
+    at = end + 1;
+  }
+  return false;
 }
 
 }  // namespace runtime_detail

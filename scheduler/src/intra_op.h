@@ -2,6 +2,8 @@
 // core] in intra_op.cpp; the public call is release_intra_op_threads in scheduler.h).
 #pragma once
 
+#include <string>
+
 namespace swapnet {
 namespace runtime_detail {
 
@@ -12,6 +14,10 @@ void set_intra_op_threads_here(int n);
 // Whether libtorch's BLAS keeps threads of its own that compete with the OpenMP pool for cores:
 // OpenBLAS's pthread build with more than one thread (Note [BLAS beside the OpenMP pool]).
 bool blas_has_own_threads();
+
+// Whether a layer of these node kinds (ImageLayer::ops, comma-separated) calls BLAS: a linear
+// layer or a matrix product.
+bool calls_blas(const std::string& ops);
 
 }  // namespace runtime_detail
 }  // namespace swapnet

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "intra_op.h"
 #include "runtime_impl.h"
 
 #include <nlohmann/json.hpp>
@@ -89,6 +90,7 @@ void add_model(Impl& m, RuntimeModel& spec) {
   auto x = std::make_unique<Worker>();
   x->exec = Executor::open(spec.image, o);
   x->est.set_costs(layer_costs(x->exec->info(), o), o.cost.alpha_ms_per_byte);
+  for (const ImageLayer& L : x->exec->info().layers) x->blas_layers.push_back(runtime_detail::calls_blas(L.ops) ? 1 : 0);
   x->account = new_cpu_account();
   if (x->account == 0) {
     log_once(LogLevel::kWarn, "cpu_accounts", "runtime: all 255 CPU meter accounts are taken: activations of " +

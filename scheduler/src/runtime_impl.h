@@ -77,6 +77,7 @@ struct Worker {
   std::uint64_t learned_seen = 0;                // learned_count() taken into the split
   double met_share = 1;  // EWMA of deadlines met (Note [A floor against starvation] in dispatch.cpp)
   BlockEstimates est;  // its blocks' expected times (Note [Block estimates under contention])
+  std::vector<char> blas_layers;  // per layer: calls BLAS (Note [BLAS beside the OpenMP pool])
   // The block holding a worker now: when it was granted, the runtime's busy integral then, and
   // what the scheduler expected of it.
   Clock::time_point granted{};
