@@ -31,7 +31,7 @@
 namespace swapnet {
 namespace runtime_detail {
 
-ComputeThreads::ComputeThreads(int n) : park_on_switch_(blas_has_own_threads()) {
+ComputeThreads::ComputeThreads(int n) : free_before_blas_(blas_has_own_threads()) {
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, k] { loop(k); });
 }
 
@@ -101,7 +101,7 @@ void ComputeThreads::loop(int k) {
     try {
       const ComputeSettings& how = *job->how;
       // Note [BLAS beside the OpenMP pool]: not between two of a model's BLAS-first steps in a row.
-      if (park_on_switch_ && how.blas_first && how.model != last_blas_model) release_intra_op_threads(false);
+      if (free_before_blas_ && how.blas_first && how.model != last_blas_model) release_intra_op_threads(false);
       last_blas_model = how.blas_first ? how.model : -1;
       if (how.threads > 0) set_intra_op_threads_here(how.threads);
       PinFor pin(how.cpus, all);

@@ -62,7 +62,7 @@ class ComputeThreads {
   std::deque<Job*> jobs_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
-  const bool park_on_switch_;  // Note [BLAS beside the OpenMP pool]
+  const bool free_before_blas_;  // Note [BLAS beside the OpenMP pool]
 };
 
 }  // namespace runtime_detail

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 
 #include "intra_op.h"
 #include "swapnet/scheduler.h"
@@ -102,13 +103,13 @@ bool blas_has_own_threads() {
 }
 
 bool calls_blas(const std::string& ops) {
-  static const char* const kBlas[] = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm",
-                                      "aten::bmm",    "aten::baddbmm", "aten::addmv", "aten::mv"};
-  std::size_t at = 0;
-  while (at <= ops.size()) {
-    const std::size_t end = std::min(ops.find(',', at), ops.size());
-    const std::string op = ops.substr(at, end - at);
-    for (const char* b : kBlas) {
+  static constexpr std::string_view kBlas[] = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm",
+                                               "aten::bmm",    "aten::baddbmm", "aten::addmv", "aten::mv"};
+  const std::string_view all(ops);
+  for (std::size_t at = 0; at <= all.size();) {
+    const std::size_t end = std::min(all.find(',', at), all.size());
+    const std::string_view op = all.substr(at, end - at);
+    for (std::string_view b : kBlas) {
       if (op == b) return true;
     }
     at = end + 1;

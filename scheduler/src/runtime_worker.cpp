@@ -164,7 +164,7 @@ bool Runtime::Impl::run_step(size_t i, const Request& r, std::unique_lock<std::m
     throw Error(x.spec.name + ": dropped: its deadline can no longer be met");
   }
   bool finished = false;
-  const int first = x.exec->in_inference() ? x.exec->next_layer() : 0;
+  const int first = x.exec->next_layer();  // 0 between inferences
   const bool blas_first = first >= 0 && static_cast<size_t>(first) < x.blas_layers.size() && x.blas_layers[static_cast<size_t>(first)] != 0;
   const runtime_detail::ComputeSettings how{static_cast<int>(i), x.spec.threads, x.account, &x.spec.cpus, blas_first};
   auto step = [&] {
