@@ -13,6 +13,9 @@
 #     -LE "model|package" with SWAPNET_EXPECT_GPU=1 in two passes, what a GPU changes first
 #     (gpu.*, the preload's managed memory and aliased .to(cuda), python, run, serve, Executor),
 #     then the rest, while the paper models are exported;
+#     preload.transparent runs the unmodified C++ and Python programs with the model loaded onto
+#     the GPU (map_location) and moved there (.to): outputs, host RSS and GPU memory with and
+#     without swapnet, into the rows and a table;
 #  3. host-to-device copies (tests/gpu/cuda_copy_count.c, an LD_PRELOAD hook on cudaMemcpy*):
 #     swapped GPU inference must add none per inference; the positive control (direct GPU
 #     inference, which copies every weight) must show copies, or the hook saw nothing; the
@@ -61,10 +64,33 @@ finish() {
     echo "$machine"
     echo; echo "| check | result | detail |"; echo "|---|---|---|"; printf '%s\n' "${results[@]}"
     echo; printf '%b\n' "$table"
+    # Transparent swapping on the GPU (preload.transparent writes these rows: SWAPNET_GPU_ROWS).
+    "$py" - "$rows" <<'PY' || true
+import json, sys
+rows = []
+for l in open(sys.argv[1]):
+    try:
+        rows.append(json.loads(l))
+    except ValueError:
+        pass
+t = [r for r in rows if r.get("kind") == "transparent_gpu"]
+if t:
+    print("\n| unmodified program | model on the GPU by | equal | host peak RSS KiB without / with | GPU MiB in use without / with "
+          "| peak allocated by PyTorch MiB without / with | swapnet-model |\n|---|---|---|---|---|---|---|")
+    for r in t:
+        print(f"| {r['program']} | {r['how']} | {r['equal']} | {r['rss_kb_without']} / {r['rss_kb_with']} | "
+              f"{r['gpu_used_mb_without']} / {r['gpu_used_mb_with']} | {r['gpu_peak_allocated_mb_without']} / "
+              f"{r['gpu_peak_allocated_mb_with']} | {r['stats']} |")
+PY
   } > "$out/gpu-check.md"
   "$py" - "$rows" "$out/gpu-check.json" "$machine" <<'PY' || true
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = []
+for l in open(sys.argv[1]):
+    try:
+        rows.append(json.loads(l))
+    except ValueError:
+        pass
 json.dump({"machine": sys.argv[3], "rows": rows}, open(sys.argv[2], "w"), indent=1)
 PY
   tar -czf "$out/detail.tar.gz" -C "$detail" . 2>/dev/null
@@ -143,7 +169,7 @@ gpu_first='^gpu\.|^preload\.|^python\.|^run\.|^serve\.small$|^Executor(/|$)'
 ctest_pass() {  # NAME CAP ARGS...: one ctest pass, its log in $out/ctest-NAME.log
   local name=$1 cap=$2; shift 2
   [ "$cap" -gt 20 ] || { verdict "ctest $name" 1 "NOT RUN: out of device time"; return; }
-  [ -n "$dry" ] || OMP_NUM_THREADS=2 SWAPNET_EXPECT_GPU=1 timeout "$cap" ctest --test-dir "$build" "$@" -j 8 \
+  [ -n "$dry" ] || OMP_NUM_THREADS=2 SWAPNET_EXPECT_GPU=1 SWAPNET_GPU_ROWS=$rows timeout "$cap" ctest --test-dir "$build" "$@" -j 8 \
     --output-on-failure --timeout 150 --output-junit "$detail/ctest-$name.xml" > "$detail/ctest-$name.log" 2>&1
   local rc=$?
   touch "$detail/ctest-$name.log"

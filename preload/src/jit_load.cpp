@@ -6,8 +6,10 @@
 // With SWAPNET_BUDGET set, a model the program loads from a file is handed to
 // libswapnet_torch.so (swapnet_transparent_load, python/src/transparent.cpp), which returns a
 // module whose forward runs the model swapped within the budget from its swap image, without
-// ever loading its weights into the program; when it declines (no image and no way to make one,
-// a map_location other than the CPU, extra files asked for, a budget the model fits anyway or
+// ever loading its weights into the program (on the GPU where the program puts the model there:
+// Note [Transparent swapping on the GPU] in python/src/transparent.cpp); when it declines (no
+// image and no way to make one, a map_location other than the CPU or the first CUDA device,
+// extra files asked for, a budget the model fits anyway or
 // cannot run in: each said once on stderr) the model loads normally. Without SWAPNET_BUDGET the
 // calls go straight to libtorch.
 //

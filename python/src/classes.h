@@ -75,6 +75,13 @@ auto guarded(F&& f) -> decltype(f()) {
   }
 }
 
+// Where forward's tensors are (in lists, tuples and dicts too), for transparent swapping's
+// executors, which follow them (Note [Transparent swapping on the GPU] in transparent.cpp):
+// kNone (no tensor), kCPU, kCUDA (the first CUDA device), kMixed (some on each), or kElsewhere
+// (another device: *where names it).
+enum class InputsOn { kNone, kCPU, kCUDA, kMixed, kElsewhere };
+InputsOn inputs_on(const std::vector<c10::IValue>& inputs, std::string* where);
+
 // torch.classes.swapnet.Executor
 struct ExecutorHolder : torch::CustomClassHolder {
   std::string image;
@@ -92,14 +99,19 @@ struct ExecutorHolder : torch::CustomClassHolder {
   Open lazy_open;
   Fallback fallback;
   std::function<void(ExecutorHolder*)> on_open;  // once swapped
-  ExecutorHolder(Open open, Fallback fb) : lazy_open(std::move(open)), fallback(std::move(fb)) {}
+  // Transparent swapping: the executor runs where forward's inputs are, and a model whose
+  // inputs are where it cannot run goes to `fallback` (Note [Transparent swapping on the GPU]).
+  bool follows_inputs = false;
+  // `options`: as for the other constructor, "device" included (the lazily made image's
+  // learn_store is added when it is made).
+  ExecutorHolder(Open open, Fallback fb, std::string options)
+      : lazy_open(std::move(open)), fallback(std::move(fb)), options_(std::move(options)) {}
 
-  ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options) : image(path) {
+  ExecutorHolder(const std::string& path, std::int64_t budget, const std::string& options)
+      : image(path), options_(options) {
     guarded([&] {
-      install_cpu_meter();
-      account = new_cpu_account();
-      ex = Executor::open(path, executor_options(path, budget, options));
-      budget_now.store(static_cast<std::uint64_t>(budget));
+      if (budget < 0) throw Error(path + ": budget " + std::to_string(budget) + " is negative");
+      open_executor(static_cast<std::uint64_t>(budget));
       return 0;
     });
   }
@@ -107,6 +119,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     c10::IValue out = guarded([&] {
       std::lock_guard<std::mutex> lock(mu);
       if (lazy_open) open_lazily(to_inputs(inputs));
+      if (ex && follows_inputs) follow(to_inputs(inputs));
       if (!ex) return fallback(to_inputs(inputs));
       apply_pending();
       // Activations are charged to this executor's account while it runs (as the Runtime does),
@@ -145,8 +158,13 @@ struct ExecutorHolder : torch::CustomClassHolder {
       mu.unlock();
       return;
     }
-    if (bytes < budget_now.load()) ex->shed(bytes);
-    ex->interrupt();
+    {
+      std::lock_guard<std::mutex> swap(swap_mu);  // an inference may be moving the executor (follow)
+      if (ex) {
+        if (bytes < budget_now.load()) ex->shed(bytes);
+        ex->interrupt();
+      }
+    }
     settle();
   }
   std::uint64_t budget() const { return budget_now.load(); }
@@ -158,24 +176,73 @@ struct ExecutorHolder : torch::CustomClassHolder {
     try {
       std::uint64_t budget = 0;
       image = open(inputs, &budget);
-      install_cpu_meter();
-      account = new_cpu_account();
-      const json o = {{"learn_store", learn_store_for(image)}};
-      ex = Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), o.dump(), learn_from_env()));
-      budget_now.store(budget);
-      fallback = nullptr;
+      json o = json::parse(options_.empty() ? "{}" : options_);
+      o["learn_store"] = learn_store_for(image);
+      options_ = o.dump();
+      open_executor(budget);
       if (on_open) on_open(this);
     } catch (const std::exception& e) {
       ex.reset();
       log(LogLevel::kWarn, std::string(e.what()) + "; running the model as loaded normally");
     }
   }
+  // With `mu` held, or from a constructor: the executor on `image` within `budget`.
+  void open_executor(std::uint64_t budget) {
+    install_cpu_meter();
+    if (account == 0) account = new_cpu_account();
+    std::unique_ptr<Executor> fresh =
+        Executor::open(image, executor_options(image, static_cast<std::int64_t>(budget), options_));
+    std::lock_guard<std::mutex> swap(swap_mu);
+    ex = std::move(fresh);
+    budget_now.store(budget);
+    device_ = json::parse(options_.empty() ? "{}" : options_).value("device", std::string("cpu"));
+  }
+  // With `mu` held, the executor open: moves it where forward's inputs are (Note [Transparent
+  // swapping on the GPU] in transparent.cpp): to the CPU or the first CUDA device; inputs
+  // anywhere else, or a device it cannot open on, send the model to `fallback` from then on.
+  void follow(const std::vector<c10::IValue>& inputs) {
+    std::string where;
+    const InputsOn on = inputs_on(inputs, &where);
+    if (on == InputsOn::kNone || on == InputsOn::kMixed) return;
+    const std::string want = on == InputsOn::kCPU ? "cpu" : on == InputsOn::kCUDA ? "cuda" : "";
+    if (want == device_) return;
+    std::string why = "swapnet runs a model on the CPU or the first CUDA device";
+    {
+      // The old executor goes first: two at once would hold twice the budget.
+      std::lock_guard<std::mutex> swap(swap_mu);
+      ex.reset();
+    }
+    if (!want.empty()) {
+      json o = json::parse(options_.empty() ? "{}" : options_);
+      o["device"] = want;
+      const std::string before = options_;
+      options_ = o.dump();
+      try {
+        open_executor(budget_now.load());
+        log(LogLevel::kInfo, image + ": forward's inputs are on " + where + ": the model runs swapped there now");
+        return;
+      } catch (const std::exception& e) {
+        why = e.what();
+        options_ = before;
+      }
+    }
+    log(LogLevel::kWarn, image + ": forward's inputs are on " + where + ", where it cannot run swapped (" + why +
+                             "): running the model as loaded normally from now on");
+  }
   std::atomic<std::int64_t> pending{-1};
   std::atomic<std::uint64_t> budget_now{0};
+  std::string options_;  // the executor's options (JSON), "device" included
+  std::string device_ = "cpu";  // the open executor's
+  // Held while `ex` is replaced, and by request_budget, which reaches the executor without `mu`.
+  std::mutex swap_mu;
   // With `mu` held: adopts a requested budget (a refused one keeps the plan in force, said).
   void apply_pending() {
     const std::int64_t p = pending.exchange(-1);
     if (p < 0) return;
+    if (!ex) {  // the model runs as loaded normally (follow)
+      budget_now.store(static_cast<std::uint64_t>(p));
+      return;
+    }
     try {
       ex->set_budget(static_cast<std::uint64_t>(p));
       budget_now.store(static_cast<std::uint64_t>(p));
@@ -213,12 +280,14 @@ struct ExecutorHolder : torch::CustomClassHolder {
   struct Summary {
     std::uint64_t bytes_read = 0, peak_model_bytes = 0, inferences = 0;
     std::size_t blocks = 0, resident_blocks = 0;
+    std::string device = "none";  // where it runs swapped: cpu, cuda, or none (not open, or loaded normally)
   };
   Summary summary() {
     std::lock_guard<std::mutex> lock(mu);
     Summary r;
     r.inferences = inferences;
     if (!ex) return r;
+    r.device = device_;
     r.bytes_read = ex->bytes_read();
     r.peak_model_bytes = ex->weight_memory().peak + activation_peak;
     r.blocks = ex->plan().blocks.size();

@@ -17,14 +17,16 @@
 // within the budget; forward calls it: outputs bit-identical to the model's forward.
 //
 // SWAPNET_BUDGET: bytes, text ("60MiB"), or a percentage of the model's full demand (weights +
-// activations, as swapnet.Executor takes it). Declined, each said once on stderr, and loaded
-// normally: a map_location other than the CPU, extra files asked for, a failing pack, a budget
-// the model fits in anyway or is below its minimum.
+// activations, as swapnet.Executor takes it). On the GPU where the program puts the model there
+// (Note [Transparent swapping on the GPU]). Declined, each said once on stderr, and loaded
+// normally: a map_location other than the CPU or the first CUDA device (or that device where
+// swapnet cannot run on it), extra files asked for, a failing pack, a budget the model fits in
+// anyway or is below its minimum.
 // The budget changes at run time through SWAPNET_BUDGET_SOURCE and SWAPNET_CONTROL (Models
 // below), taken at the next block boundary of an inference in progress.
 // SWAPNET_ALLOC_STATS=1 adds one line per swapped model at exit:
 //   swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
-//                  bytes_read=N inferences=N
+//                  bytes_read=N inferences=N device=cpu|cuda|none (none: it runs as loaded normally)
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -57,6 +59,52 @@
 extern char** environ;
 
 namespace swapnet {
+
+// Note [Transparent swapping on the GPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A program puts its model on the GPU in one of two ways, and both run it swapped there, within
+// SWAPNET_BUDGET, on the executor's CUDA backend (Note [Swapping onto the GPU] in
+// assembly/src/device_backend.cpp):
+// - it loads it there (map_location "cuda" or "cuda:0", torch::jit::load(file, kCUDA)): the
+//   executor opens on the GPU. Other devices (a second GPU, anything else) are declined at load
+//   (said once, loaded normally), and so is "cuda" where swapnet cannot run on it (a CPU-only
+//   libtorch, no usable GPU: require_cuda's reason);
+// - it loads it, then moves it (.to("cuda")). The swapped module holds no parameters or buffers,
+//   so the move does nothing to it, and its first sign is forward's inputs arriving on the GPU.
+//   So a transparently swapped model follows its inputs: when they are all on the CPU, or all on
+//   the first CUDA device, and its executor is elsewhere, the executor moves there (closed, then
+//   opened on the new device: two at once would hold twice the budget) before the inference
+//   runs. Inputs elsewhere (a second GPU), or a device it fails to open on, send the model to the
+//   fallback: loaded normally and moved where the inputs are, said once. Inputs on several
+//   devices, or no tensors, leave it where it is.
+// Outputs are where the inputs went, as the program's own module would have made them.
+InputsOn inputs_on(const std::vector<c10::IValue>& inputs, std::string* where) {
+  std::vector<c10::Device> seen;
+  std::function<void(const c10::IValue&)> visit = [&](const c10::IValue& v) {
+    if (v.isTensor()) {
+      seen.push_back(v.toTensor().device());
+    } else if (v.isTuple()) {
+      for (const auto& e : v.toTupleRef().elements()) visit(e);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef()) visit(e);
+    } else if (v.isGenericDict()) {
+      for (const auto& kv : v.toGenericDict()) visit(kv.value());
+    }
+  };
+  for (const auto& v : inputs) visit(v);
+  if (seen.empty()) return InputsOn::kNone;
+  for (const c10::Device& d : seen) {
+    if (d != seen.front()) {
+      *where = "several devices";
+      return InputsOn::kMixed;
+    }
+  }
+  *where = seen.front().str();
+  if (seen.front().is_cpu()) return InputsOn::kCPU;
+  if (seen.front().is_cuda() && seen.front().index() <= 0) return InputsOn::kCUDA;
+  return InputsOn::kElsewhere;
+}
+
 namespace {
 
 using torch::jit::CompilationUnit;
@@ -301,7 +349,8 @@ class Models final : public BudgetTarget {
                              {"blocks", m.blocks},
                              {"requests", m.inferences},
                              {"peak_model_bytes", m.peak_model_bytes},
-                             {"bytes_read", m.bytes_read}});
+                             {"bytes_read", m.bytes_read},
+                             {"device", m.device}});
     }
     return j.dump();
   }
@@ -312,10 +361,11 @@ class Models final : public BudgetTarget {
       const ExecutorHolder::Summary m = s.holder->summary();
       std::fprintf(stderr,
                    "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%zu peak_model_bytes=%llu "
-                   "bytes_read=%llu inferences=%llu\n",
+                   "bytes_read=%llu inferences=%llu device=%s\n",
                    s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.holder->budget()), m.blocks,
                    m.resident_blocks, static_cast<unsigned long long>(m.peak_model_bytes),
-                   static_cast<unsigned long long>(m.bytes_read), static_cast<unsigned long long>(m.inferences));
+                   static_cast<unsigned long long>(m.bytes_read), static_cast<unsigned long long>(m.inferences),
+                   m.device.c_str());
     }
   }
 
@@ -458,11 +508,29 @@ struct Real {
   Module load(const std::string& file) const;
 };
 
+// The model loaded normally (at its first call), for a model that cannot run swapped. It runs
+// where forward's inputs are: a program that moved its module (.to("cuda")) moved the swapped
+// one, which has no parameters, so only its inputs say where the program wants it.
+ExecutorHolder::Fallback loaded_normally(const std::string& model, const Real& real) {
+  auto loaded = std::make_shared<c10::optional<Module>>();
+  auto on = std::make_shared<std::string>();
+  return [model, real, loaded, on](std::vector<c10::IValue> in) {
+    if (!loaded->has_value()) *loaded = real.load(model);
+    std::string where;
+    const InputsOn at = inputs_on(in, &where);
+    if (at != InputsOn::kNone && at != InputsOn::kMixed && where != *on) {
+      (**loaded).to(c10::Device(where));
+      *on = where;
+    }
+    return (**loaded).forward(std::move(in));
+  };
+}
+
 // No image yet and no SWAPNET_INPUT_SHAPE: a module with the model's forward (its signature read
 // by a child process) whose first call makes the image from its inputs' shapes, then runs
 // swapped; if that fails, the model is loaded normally then and runs as such (said).
 c10::optional<Module> lazily(std::shared_ptr<CompilationUnit> cu, const std::string& model, const std::string& out,
-                             const std::string& spec, const Real& real) {
+                             const std::string& spec, const Real& real, const json& options) {
   const std::string key = "transparent:" + model;
   (void)parse_budget(spec, 1 << 30);  // a malformed budget is refused now, not at the first call
   std::vector<c10::Argument> inputs;
@@ -485,12 +553,8 @@ c10::optional<Module> lazily(std::shared_ptr<CompilationUnit> cu, const std::str
     *budget = std::min(parse_budget(spec, full), full);
     return out;
   };
-  auto loaded = std::make_shared<c10::optional<Module>>();
-  auto fallback = [model, real, loaded](std::vector<c10::IValue> in) {
-    if (!loaded->has_value()) *loaded = real.load(model);
-    return (**loaded).forward(std::move(in));
-  };
-  auto holder = c10::make_intrusive<ExecutorHolder>(open, fallback);
+  auto holder = c10::make_intrusive<ExecutorHolder>(open, loaded_normally(model, real), options.dump());
+  holder->follows_inputs = true;
   holder->on_open = [model](ExecutorHolder* h) { register_swapped(model, h->image, h); };
   return wrapper(std::move(cu), model, inputs, returns, holder);
 }
@@ -500,9 +564,21 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
                                c10::optional<c10::Device> device, ExtraFilesMap* extra, const Real& real) {
   notices_on();
   const std::string key = "transparent:" + model;
+  // Note [Transparent swapping on the GPU]: map_location "cuda" (or "cuda:0") runs it there.
+  std::string on = "cpu";
   if (device && !device->is_cpu()) {
-    say(key, model + ": map_location " + device->str() + ": loaded normally (swapping runs on the CPU here)");
-    return c10::nullopt;
+    if (!device->is_cuda() || device->index() > 0) {
+      say(key, model + ": map_location " + device->str() + ": loaded normally (swapnet runs models on the CPU or " +
+                   "the first CUDA device)");
+      return c10::nullopt;
+    }
+    try {
+      require_cuda(model + ": map_location " + device->str());
+    } catch (const std::exception& e) {
+      say(key, std::string(e.what()) + "; loaded normally");
+      return c10::nullopt;
+    }
+    on = "cuda";
   }
   if (extra && !extra->empty()) {
     say(key, model + ": extra files asked for: loaded normally");
@@ -524,7 +600,7 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
       }
       image = make_at;
     } else {
-      return lazily(std::move(cu), model, make_at, spec, real);
+      return lazily(std::move(cu), model, make_at, spec, real, json{{"learn", learn_from_env()}, {"device", on}});
     }
   }
   ImageInfo info;
@@ -542,17 +618,20 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
   c10::intrusive_ptr<ExecutorHolder> holder;
   try {
     notices_on();  // a bad SWAPNET_LEARN is said
-    const json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}};
+    const json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}, {"device", on}};
     holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget), o.dump());
   } catch (const std::exception& e) {
     say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
     return c10::nullopt;
   }
+  holder->follows_inputs = true;
+  holder->fallback = loaded_normally(model, real);
   std::vector<c10::Argument> inputs;
   c10::TypePtr returns;
   signature_of_image(model, info, &inputs, &returns);
   Module m = wrapper(std::move(cu), model, inputs, returns, holder);
-  log(LogLevel::kInfo, model + " runs swapped from " + image + " within " + format_bytes(budget));
+  log(LogLevel::kInfo, model + " runs swapped from " + image + " within " + format_bytes(budget) + " on the " +
+                          (on == "cuda" ? "GPU" : "CPU"));
   register_swapped(model, image, holder.get());
   return m;
 }

@@ -7,21 +7,26 @@
 # exit 0 and every output line identical to the run without the preload; the stats line shows
 # the tensors came through swapnet (or, with off, that none did). Python without torch is
 # unaffected.
+# Each run has 60 s (SWAPNET_PY_TIMEOUT): one that hangs is sent SIGABRT, and Python's
+# faulthandler prints every thread's stack into the failure's output (issue 47: this test did not
+# finish in 160 s on a GPU machine).
 #   preload_python_test.sh PRELOAD.so PYTHON MODEL.pt
 set -u
 lib=$1 py=$2 model=$3
+export PYTHONFAULTHANDLER=1
+limit=${SWAPNET_PY_TIMEOUT:-60}
 prog=$(dirname "$0")/torch_program.py
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1" >&2; fail=1; else echo "ok: $1"; fi; }
 err=$(mktemp)
 
-plain=$("$py" "$prog" "$model" 2>"$err"); rc=$?
+plain=$(timeout -s ABRT "$limit" "$py" "$prog" "$model" 2>"$err"); rc=$?
 check "the program runs without the preload" '[ $rc -eq 0 ] && [ "$(wc -l <<<"$plain")" -eq 6 ]' || cat "$err"
 model_bytes=$(stat -c %s "$model")
 for alloc in default host managed off bogus; do
   env=(LD_PRELOAD="$lib" SWAPNET_ALLOC_STATS=1)
   [ "$alloc" = default ] || env+=(SWAPNET_ALLOC="$alloc")
-  out=$(env "${env[@]}" "$py" "$prog" "$model" 2>"$err"); rc=$?
+  out=$(timeout -s ABRT "$limit" env "${env[@]}" "$py" "$prog" "$model" 2>"$err"); rc=$?
   check "SWAPNET_ALLOC=$alloc: exit 0 (was $rc)" '[ $rc -eq 0 ]' || cat "$err"
   check "SWAPNET_ALLOC=$alloc: outputs identical" '[ "$out" = "$plain" ]' || diff <(echo "$plain") <(echo "$out")
   stats=$(grep '^swapnet-preload: ' "$err" | tail -n 1)

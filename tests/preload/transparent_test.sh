@@ -8,7 +8,8 @@
 # child process), reused, and made again when the model's content changes; an image beside the
 # model is taken. Every way of declining (no image and no shape, a failing pack, a budget below
 # the minimum, a malformed one, one the model fits in) is said once and loads the model normally
-# with the same outputs; without SWAPNET_BUDGET nothing is said.
+# with the same outputs; without SWAPNET_BUDGET nothing is said. On the GPU: the model loaded or
+# moved there, C++ and Python (below).
 #   transparent_test.sh PRELOAD.so JIT_FORWARD PYTHON MODEL_DIR
 set -u
 lib=$1 prog=$2 py=$3 models=$4
@@ -67,6 +68,50 @@ check "Python: the image is reused (not made again)" '! grep -q "making the swap
 hwm_ps=$(hwm)
 check "Python: peak RSS $hwm_ps KiB vs $hwm_p KiB without: lower by >= half the weights" \
   '[ $(( (hwm_p - hwm_ps) * 1024 )) -ge $(( weights / 2 )) ]'
+
+# On the GPU (Note [Transparent swapping on the GPU], python/src/transparent.cpp): the model
+# loaded there (map_location="cuda", torch::jit::load(file, kCUDA)) or moved there (.to("cuda"))
+# by the C++ and the Python program, input on the GPU: outputs identical to the program's own GPU
+# run, swapped on the GPU within the budget; host peak RSS and GPU memory with and without (also
+# as JSON lines into $SWAPNET_GPU_ROWS when set: scripts/gpu-check.sh). Without a usable GPU the
+# programs fail as they do without the preload, and the C++ load onto the GPU is declined, said
+# once (Python's torch.jit.load refuses "cuda" itself before libtorch is called).
+has_gpu=$("$py" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null)
+[ -z "${SWAPNET_EXPECT_GPU:-}" ] || check "a GPU is expected, and torch sees one" '[ "$has_gpu" = 1 ]'
+field() { awk -v k="$1" '$1 == k {print $2}' "$err"; }
+for where in cuda-map cuda-to; do
+  for lang in C++ Python; do
+    if [ $lang = C++ ]; then
+      run() { "$@" "$prog" "$work/model.pt" $shape 2 $where 2>"$err"; }
+    else
+      run() { "$@" "$py" "$pyprog" "$work/model.pt" $shape $where 2>"$err"; }
+    fi
+    p=$(run env); prc=$?; p_rss=$(field vm_hwm_kb); p_gpu=$(field gpu_used_mb); p_alloc=$(field gpu_peak_allocated_mb)
+    q=$(run "${pre[@]}" SWAPNET_BUDGET=50%); qrc=$?; q_rss=$(field vm_hwm_kb); q_gpu=$(field gpu_used_mb)
+    q_alloc=$(field gpu_peak_allocated_mb)
+    stats=$(grep '^swapnet-model: ' "$err")
+    if [ "$has_gpu" = 1 ]; then
+      check "$lang $where: outputs identical to the program's own GPU run" \
+        '[ $prc -eq 0 ] && [ $qrc -eq 0 ] && [ -n "$q" ] && [ "$q" = "$p" ]' || cat "$err"
+      check "$lang $where: swapped on the GPU within the budget ($stats)" \
+        '[[ "$stats" =~ budget=([0-9]+)\ blocks=([0-9]+)\ .*peak_model_bytes=([0-9]+)\ .*inferences=2\ device=cuda ]] &&
+         [ "${BASH_REMATCH[2]}" -gt 1 ] && [ "${BASH_REMATCH[3]}" -le "${BASH_REMATCH[1]}" ]'
+      echo "measured: $lang $where: host peak RSS $p_rss KiB without, $q_rss KiB with; GPU memory in use" \
+        "$p_gpu MiB without, $q_gpu MiB with${p_alloc:+; peak allocated by PyTorch $p_alloc MiB without, $q_alloc MiB with}"
+      [ -z "${SWAPNET_GPU_ROWS:-}" ] || echo "{\"kind\": \"transparent_gpu\", \"program\": \"$lang\", \"how\": \"$where\"," \
+        "\"budget\": \"50%\", \"equal\": $([ "$q" = "$p" ] && echo true || echo false), \"stats\": \"$stats\"," \
+        "\"rss_kb_without\": \"$p_rss\", \"rss_kb_with\": \"$q_rss\", \"gpu_used_mb_without\": \"$p_gpu\"," \
+        "\"gpu_used_mb_with\": \"$q_gpu\", \"gpu_peak_allocated_mb_without\": \"$p_alloc\"," \
+        "\"gpu_peak_allocated_mb_with\": \"$q_alloc\"}" >> "$SWAPNET_GPU_ROWS"
+    else
+      check "$lang $where without a GPU: fails as it does without the preload" \
+        '[ $prc -ne 0 ] && [ $qrc -eq $prc ] && [ "$q" = "$p" ] && ! [[ "$stats" =~ inferences=[1-9] ]]' || cat "$err"
+      [ "$lang $where" != "C++ cuda-map" ] ||
+        check "C++ cuda-map without a GPU: declined, said once" \
+          '[ "$(grep -c "map_location cuda: --device cuda: .*; loaded normally" "$err")" -eq 1 ]' || cat "$err"
+    fi
+  done
+done
 
 # The budget at run time: a watched file (SWAPNET_BUDGET_SOURCE) and the control socket
 # (SWAPNET_CONTROL, driven by swapnet ctl while the program runs); outputs stay identical.

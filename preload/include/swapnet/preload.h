@@ -55,15 +55,21 @@
 //                                    other than 0 or 3..1000 is said once and 3 is used.
 //   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
 //     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
-//                    bytes_read=N inferences=N
+//                    bytes_read=N inferences=N device=cpu|cuda|none
 // What the program gets is a module with the model's forward (same arguments, same outputs bit
 // for bit) and nothing else: parameters(), buffers(), named_modules() and state_dict() are empty,
-// other methods of the model are absent, .to(device) and .train() change nothing, and
-// save() writes the wrapper, not the model. Whatever needs the weights must use the model file.
+// other methods of the model are absent, .train() changes nothing, and save() writes the
+// wrapper, not the model. Whatever needs the weights must use the model file.
+// On the GPU (Note [Transparent swapping on the GPU] in python/src/transparent.cpp): a model
+// loaded with map_location "cuda" (or cuda:0) runs swapped there; .to(device) changes nothing
+// on the module itself, but the model follows forward's inputs: inputs on the first CUDA
+// device move its executor there (and back to the CPU with CPU inputs), outputs where the
+// inputs are. Inputs on another device send it to the model loaded normally, said once.
 // Declined and loaded normally, said once on stderr: a pack that fails (at the first forward:
 // the model is then loaded normally and runs as such), a budget below the model's minimum or
-// one it fits in anyway, a malformed budget, map_location other than the CPU, extra files asked
-// for, a libtorch other than the one swapnet was built with.
+// one it fits in anyway, a malformed budget, a map_location other than the CPU or the first
+// CUDA device (or that device where swapnet cannot run: a CPU-only libtorch, no usable GPU),
+// extra files asked for, a libtorch other than the one swapnet was built with.
 //
 // The functions below let a program (or a test) ask the preloaded library, without linking it:
 // look them up with dlsym(RTLD_DEFAULT, "swapnet_preload_owns") — absent when not preloaded.
