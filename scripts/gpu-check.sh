@@ -90,7 +90,8 @@ for l in open(sys.argv[1]):
     try:
         rows.append(json.loads(l))
     except ValueError:
-        pass
+        if l.strip():
+            rows.append({"kind": "unreadable_row", "text": l.strip()})
 json.dump({"machine": sys.argv[3], "rows": rows}, open(sys.argv[2], "w"), indent=1)
 PY
   tar -czf "$out/detail.tar.gz" -C "$detail" . 2>/dev/null

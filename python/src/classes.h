@@ -182,7 +182,11 @@ struct ExecutorHolder : torch::CustomClassHolder {
       open_executor(budget);
       if (on_open) on_open(this);
     } catch (const std::exception& e) {
-      ex.reset();
+      std::unique_ptr<Executor> gone;
+      {
+        std::lock_guard<std::mutex> swap(swap_mu);
+        gone = std::move(ex);
+      }
       log(LogLevel::kWarn, std::string(e.what()) + "; running the model as loaded normally");
     }
   }
@@ -208,10 +212,17 @@ struct ExecutorHolder : torch::CustomClassHolder {
     if (want == device_) return;
     std::string why = "swapnet runs a model on the CPU or the first CUDA device";
     {
-      // The old executor goes first: two at once would hold twice the budget.
-      std::lock_guard<std::mutex> swap(swap_mu);
-      ex.reset();
+      // The old executor goes first: two at once would hold twice the budget. It is destroyed
+      // outside swap_mu (its reads drain), so that request_budget is not held up meanwhile.
+      std::unique_ptr<Executor> gone;
+      {
+        std::lock_guard<std::mutex> swap(swap_mu);
+        gone = std::move(ex);
+      }
     }
+    // A budget asked for meanwhile is the one the new executor opens within.
+    if (const std::int64_t p = pending.exchange(-1); p >= 0) budget_now.store(static_cast<std::uint64_t>(p));
+    activation_peak = 0;  // measured again where it runs now
     if (!want.empty()) {
       json o = json::parse(options_.empty() ? "{}" : options_);
       o["device"] = want;
@@ -264,6 +275,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     guarded([&] {
       if (bytes < 0) throw Error(image + ": budget " + std::to_string(bytes) + " is negative");
       std::lock_guard<std::mutex> lock(mu);
+      if (!ex) throw Error(image + ": the model is not running swapped (not opened yet, or loaded normally)");
       ex->set_budget(static_cast<std::uint64_t>(bytes));
       budget_now.store(static_cast<std::uint64_t>(bytes));
       return 0;

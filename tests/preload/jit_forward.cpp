@@ -51,7 +51,7 @@ long vm_hwm_kb() {
 // -1 where there is none.
 long gpu_used_mb() {
   using MemGetInfo = int (*)(size_t*, size_t*);
-  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) {
     void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
     if (h == nullptr) continue;
     auto f = reinterpret_cast<MemGetInfo>(dlsym(h, "cudaMemGetInfo"));

@@ -89,7 +89,7 @@ for where in cuda-map cuda-to; do
     p=$(run env); prc=$?; p_rss=$(field vm_hwm_kb); p_gpu=$(field gpu_used_mb); p_alloc=$(field gpu_peak_allocated_mb)
     q=$(run "${pre[@]}" SWAPNET_BUDGET=50%); qrc=$?; q_rss=$(field vm_hwm_kb); q_gpu=$(field gpu_used_mb)
     q_alloc=$(field gpu_peak_allocated_mb)
-    stats=$(grep '^swapnet-model: ' "$err")
+    stats=$(grep '^swapnet-model: ' "$err" | tr -d '"\\' | tr '\n' ' ')
     if [ "$has_gpu" = 1 ]; then
       check "$lang $where: outputs identical to the program's own GPU run" \
         '[ $prc -eq 0 ] && [ $qrc -eq 0 ] && [ -n "$q" ] && [ "$q" = "$p" ]' || cat "$err"
