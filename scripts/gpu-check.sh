@@ -5,6 +5,8 @@
 #   bash scripts/gpu-check.sh            (device tool: carry .gpu-deps; results land in $OUT)
 # Device time is short, so everything runs in one command against one deadline
 # (SWAPNET_GPU_CHECK_SECONDS, default 520), the most important first, each step bounded;
+# SWAPNET_GPU_CHECK_FOCUS=arch runs only issue 47's table: seven architectures at 1/3 and 1/2 on
+# the machine's disk and emulated at 2 and 1 GB/s (after the build; several calls: see below).
 # SWAPNET_GPU_CHECK_FOCUS=1 runs a shorter set (the GPU, preload, run, python and serve.small tests; copies
 # and latency of resnet101 and yolov3), for a second try in what is left of a session's time.
 #  0. the machine: GPU, driver, CUDA, torch, compilers;
@@ -145,7 +147,17 @@ verdict "build against the pip libtorch (-DSWAPNET_WITH_CUDA=ON)" $rc "$(grep -c
 cli=$build/swapnet
 if [ ! -x "$build/swapnet-cli" ]; then finish; fi
 if [ -n "${SWAPNET_GPU_CHECK_BUILD_ONLY:-}" ]; then finish; fi
+export SWAPNET_PROFILE=$detail/device.json
+shape() { case "$1" in yolov3) echo 1,3,416,416 ;; *) echo 1,3,224,224 ;; esac; }
+pack() {  # NAME -> the image's path
+  local im=$images/$1.swapnet
+  [ -f "$im" ] || "$cli" pack "$models/$1.pt" -o "$im" --input-shape "$(shape "$1")" > "$detail/pack-$1.log" 2>&1
+  echo "$im"
+}
+data_bytes() { "$cli" inspect "$1" --json | "$py" -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])'; }
 
+# SWAPNET_GPU_CHECK_FOCUS=arch: only issue 47's latency table (after the cell() definition below).
+if [ "$focus" != arch ]; then
 # ---- 2. tests, while the paper models are exported -----------------------------------------
 stamp models
 # The tests need the small, bad and zoo sets, and gpu.* resnet101 (run 2 started them while it
@@ -192,16 +204,8 @@ wait $export_pid || { tail -n 20 "$detail/models-paper.log"; verdict "export res
 
 # ---- 3. host-to-device copies ----------------------------------------------------------------
 stamp copies
-export SWAPNET_PROFILE=$detail/device.json
 hook=$build/tests/libcuda_copy_count.so
 h2d() { grep -o 'cuda-copies: h2d=[0-9]*' | tail -n 1 | sed 's/.*=//'; }  # from stderr
-shape() { case "$1" in yolov3) echo 1,3,416,416 ;; *) echo 1,3,224,224 ;; esac; }
-pack() {  # NAME -> the image's path
-  local im=$images/$1.swapnet
-  [ -f "$im" ] || "$cli" pack "$models/$1.pt" -o "$im" --input-shape "$(shape "$1")" > "$detail/pack-$1.log" 2>&1
-  echo "$im"
-}
-data_bytes() { "$cli" inspect "$1" --json | "$py" -c 'import json,sys; print(json.load(sys.stdin)["data_bytes"])'; }
 copies() { LD_PRELOAD=$hook timeout 60 "$cli" run "$@" 2>&1 >/dev/null | h2d; }
 copy_models="resnet101 yolov3"; [ -z "$focus" ] || copy_models=resnet101
 for name in $copy_models; do
@@ -233,8 +237,10 @@ echo "{\"kind\": \"h2d_preload\", \"program\": \"python .to(cuda) of resnet18's 
 verdict "unmodified Python program: .to(cuda) of resnet18's parameters under the preload" \
   $([ -n "$q1" ] && [ -n "$q0" ] && [ "$q1" -lt "$q0" ]; echo $?) "h2d without preload $q0, with $q1; $(grep -h '^max_abs\|backend=' "$detail/py-preload.log" | tr '\n' ' ')"
 
+fi  # not arch
+
 # ---- 4. latency at 1/2 and 1/3 -----------------------------------------------------------------
-table="| model | budget | hand-over | direct GPU ms | swapnet GPU ms | ratio | raw MB/s | io_bound ms | vs max(direct, io_bound) | blocks | equal |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
+table="| model | budget | hand-over | direct GPU ms | swapnet GPU ms | ratio | raw MB/s | MB/s while busy | io_bound ms | vs max(direct, io_bound) | blocks | equal |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 cell() {  # NAME FRACTION [HANDOVER ROUNDS ITERS]
   local name=$1 frac=$2 how=${3:-host} rounds=${4:-3} iters=${5:-10} im b j rc
   # SWAPNET_EMULATE_READ set by the caller: a constant-rate disk (no bursts), in the row's name.
@@ -269,14 +275,45 @@ open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": 
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
     "equal": j.get("equal"), "memory": j.get("memory"), "bytes_read_per_inference": j.get("bytes_read_per_inference"),
     "disk_mb_s_while_busy": (j.get("pipeline") or {}).get("disk_mb_s_while_busy")}) + "\n")
+busy = (j.get("pipeline") or {}).get("disk_mb_s_while_busy") or 0
 print(f"| {name} | 1/{frac} ({b / 2**20:.1f} MiB) | {how} | {d:.2f} | {s:.2f} | {j.get('ratio_vs_direct', 0):.3f} | "
-      f"{j.get('raw_io_mb_s', 0):.0f} | {j.get('io_bound_ms', 0):.2f} | {j.get('ratio_vs_bound', 0):.3f} | {j.get('num_blocks')} | {j.get('equal')} |")
+      f"{j.get('raw_io_mb_s', 0):.0f} | {busy:.0f} | {j.get('io_bound_ms', 0):.2f} | {j.get('ratio_vs_bound', 0):.3f} | {j.get('num_blocks')} | {j.get('equal')} |")
 PY
 2>/dev/null)
   [ -n "$row" ] || { tail -n 5 "${j%.json}.err"; row="| $name | 1/$frac | $label | run failed (rc $rc): $(grep -h error "${j%.json}.err" | head -n 1) |"; }
   table="$table\n$row"
   verdict "$name --device cuda at 1/$frac ($label): runs, bit-identical to direct GPU inference" $rc "$row"
 }
+# ---- SWAPNET_GPU_CHECK_FOCUS=arch: issue 47's table -----------------------------------------------
+# Architectures of different shapes (many small layers, few big ones, depthwise, branches,
+# attention-like blocks) at 1/3 and 1/2 of their weights, on the machine's disk and on a disk
+# emulated at a constant rate, each cell bit-checked against direct GPU inference, the disk's
+# rate while busy beside it. More cells than one call's time holds: the order is the rates, then
+# the fractions, then the models; what the deadline cuts is listed as NOT RUN, so that the next
+# call can start there (SWAPNET_GPU_ARCH_RATES, _FRACTIONS, _MODELS).
+if [ "$focus" = arch ]; then
+  arch_models=${SWAPNET_GPU_ARCH_MODELS:-"resnet101 vgg19 yolov3 convnext_tiny densenet121 efficientnet_b0 inception_v3"}
+  stamp "models: $arch_models"
+  # shellcheck disable=SC2086
+  SWAPNET_PYTHON=$py SWAPNET_MODELS=$models bash scripts/models.sh $arch_models > "$detail/models-arch.log" 2>&1 ||
+    { tail -n 20 "$detail/models-arch.log"; verdict "export $arch_models" 1; }
+  for rate in ${SWAPNET_GPU_ARCH_RATES:-host 2GB/s 1GB/s}; do
+    for frac in ${SWAPNET_GPU_ARCH_FRACTIONS:-3 2}; do
+      for name in $arch_models; do
+        [ "$(left)" -gt 40 ] || { results+=("| $name 1/$frac, disk $rate | NOT RUN | out of device time |"); continue; }
+        stamp "latency $name 1/$frac, disk $rate"
+        if [ "$rate" = host ]; then
+          cell "$name" "$frac" host 3 10
+        else
+          SWAPNET_EMULATE_READ=$rate SWAPNET_PROFILE=$detail/device-${rate//\//}.json cell "$name" "$frac" host 2 5
+        fi
+      done
+    done
+  done
+  stamp done
+  finish
+fi
+
 # ---- 5. the deadline scheduler with GPU models (issue 16's dispatcher, a budget cut) ------------
 serve_gpu() {  # SCHEDULER
   local sc=$detail/gpu_slo.json j=$detail/serve-gpu-$1.json
