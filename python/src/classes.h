@@ -118,9 +118,10 @@ struct ExecutorHolder : torch::CustomClassHolder {
   c10::IValue forward(const c10::List<c10::IValue>& inputs) {
     c10::IValue out = guarded([&] {
       std::lock_guard<std::mutex> lock(mu);
-      if (lazy_open) open_lazily(to_inputs(inputs));
-      if (ex && follows_inputs) follow(to_inputs(inputs));
-      if (!ex) return fallback(to_inputs(inputs));
+      std::vector<c10::IValue> in = to_inputs(inputs);
+      if (lazy_open) open_lazily(in);
+      if (ex && follows_inputs) follow(in);
+      if (!ex) return fallback(std::move(in));
       apply_pending();
       // Activations are charged to this executor's account while it runs (as the Runtime does),
       // so that stats can say the most it held: weights at their peak + activations at theirs.
@@ -130,7 +131,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
       try {
         // Block by block: a budget asked for meanwhile (request_budget) is taken between two
         // blocks, as the Runtime moves its models.
-        ex->begin(to_inputs(inputs));
+        ex->begin(std::move(in));
         while (!ex->step()) apply_pending();
         c10::IValue r = ex->finish();
         set_thread_cpu_account(previous);
@@ -176,17 +177,13 @@ struct ExecutorHolder : torch::CustomClassHolder {
     try {
       std::uint64_t budget = 0;
       image = open(inputs, &budget);
-      json o = json::parse(options_.empty() ? "{}" : options_);
+      json o = options_json();
       o["learn_store"] = learn_store_for(image);
       options_ = o.dump();
       open_executor(budget);
       if (on_open) on_open(this);
     } catch (const std::exception& e) {
-      std::unique_ptr<Executor> gone;
-      {
-        std::lock_guard<std::mutex> swap(swap_mu);
-        gone = std::move(ex);
-      }
+      close_executor();
       log(LogLevel::kWarn, std::string(e.what()) + "; running the model as loaded normally");
     }
   }
@@ -199,8 +196,16 @@ struct ExecutorHolder : torch::CustomClassHolder {
     std::lock_guard<std::mutex> swap(swap_mu);
     ex = std::move(fresh);
     budget_now.store(budget);
-    device_ = json::parse(options_.empty() ? "{}" : options_).value("device", std::string("cpu"));
+    device_ = options_json().value("device", std::string("cpu"));
   }
+  // With `mu` held: no executor from now on. Destroyed outside swap_mu (its reads drain), so that
+  // request_budget is not held up meanwhile.
+  void close_executor() {
+    std::unique_ptr<Executor> gone;
+    std::lock_guard<std::mutex> swap(swap_mu);
+    gone.swap(ex);
+  }
+  json options_json() const { return json::parse(options_.empty() ? "{}" : options_); }
   // With `mu` held, the executor open: moves it where forward's inputs are (Note [Transparent
   // swapping on the GPU] in transparent.cpp): to the CPU or the first CUDA device; inputs
   // anywhere else, or a device it cannot open on, send the model to `fallback` from then on.
@@ -211,20 +216,12 @@ struct ExecutorHolder : torch::CustomClassHolder {
     const std::string want = on == InputsOn::kCPU ? "cpu" : on == InputsOn::kCUDA ? "cuda" : "";
     if (want == device_) return;
     std::string why = "swapnet runs a model on the CPU or the first CUDA device";
-    {
-      // The old executor goes first: two at once would hold twice the budget. It is destroyed
-      // outside swap_mu (its reads drain), so that request_budget is not held up meanwhile.
-      std::unique_ptr<Executor> gone;
-      {
-        std::lock_guard<std::mutex> swap(swap_mu);
-        gone = std::move(ex);
-      }
-    }
+    close_executor();  // the old executor goes first: two at once would hold twice the budget
     // A budget asked for meanwhile is the one the new executor opens within.
     if (const std::int64_t p = pending.exchange(-1); p >= 0) budget_now.store(static_cast<std::uint64_t>(p));
     activation_peak = 0;  // measured again where it runs now
     if (!want.empty()) {
-      json o = json::parse(options_.empty() ? "{}" : options_);
+      json o = options_json();
       o["device"] = want;
       const std::string before = options_;
       options_ = o.dump();
