@@ -381,6 +381,16 @@ TEST(Executor, LearnedCostsAreKeptForTheNextExecutor) {
     EXPECT_FALSE(ex->learning().loaded_rate);
   }
   {
+    // Learned on a GPU: its layer times are the GPU's (Note [Timing layers on the GPU]).
+    nlohmann::json j = nlohmann::json::parse(test_util::slurp(store));
+    EXPECT_EQ(j.value("device", ""), "cpu");
+    j["device"] = "cuda:0";
+    test_util::spit(store, j.dump());
+    auto ex = Executor::open(img, o);
+    EXPECT_FALSE(ex->learning().loaded_times) << "learned on the GPU, not on the CPU";
+    EXPECT_FALSE(ex->learning().loaded_rate);
+  }
+  {
     test_util::spit(store, "{not json");
     auto ex = Executor::open(img, o);  // said, unused, and the run goes on
     EXPECT_FALSE(ex->learning().loaded_times);

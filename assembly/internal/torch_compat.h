@@ -3,6 +3,8 @@
 // version lives here; the code uses the names below.
 //
 // - c10::Allocator: allocate() lost its const, and copy_data() became pure virtual (2.3).
+// - c10::Event gained elapsedTime() (2.x): CUDA events time layers where it has (Note [Timing
+//   layers on the GPU] in layer_clock.cpp).
 // - torch::jit::load gained a trailing `bool load_debug_files` (2.0), and import_ir_module with
 //   extra files `bool load_debug_files, bool restore_shapes` (2.1). The preload defines these
 //   functions to stand in front of libtorch's, so its definitions must have libtorch's exact
@@ -32,7 +34,34 @@
 #endif
 
 #ifndef SWAPNET_TORCH_COMPAT_ALLOCATOR_ONLY
+#include <c10/core/Event.h>
 #include <torch/csrc/jit/serialization/import.h>
+
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+// ---- c10::Event::elapsedTime ---------------------------------------------------------------
+// Found by its signature, not a version: kEventsTime says whether this libtorch's events can time
+// (created with EventFlag::BACKEND_DEFAULT), event_ms the milliseconds from `a` to `b`.
+namespace swapnet {
+namespace compat {
+template <typename E, typename = void>
+struct HasElapsedTime : std::false_type {};
+template <typename E>
+struct HasElapsedTime<E, std::void_t<decltype(std::declval<const E&>().elapsedTime(std::declval<const E&>()))>>
+    : std::true_type {};
+inline constexpr bool kEventsTime = HasElapsedTime<c10::Event>::value;
+template <typename E>
+double event_ms(const E& a, const E& b) {
+  if constexpr (HasElapsedTime<E>::value) {
+    return a.elapsedTime(b);
+  } else {
+    throw std::runtime_error("this libtorch's events cannot time (c10::Event::elapsedTime is libtorch 2.x's)");
+  }
+}
+}  // namespace compat
+}  // namespace swapnet
 
 #include <memory>
 #include <string>

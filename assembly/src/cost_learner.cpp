@@ -144,16 +144,17 @@ std::string learned_fingerprint(const ImageInfo& info) {
 // profile's read rate, and takes learn_after inferences and a re-plan (with a grid, a rebuild)
 // to learn them again. With ExecutorOptions::learn_store, each time learned costs are taken they
 // are written (whole, to a temporary file renamed over the old) as
-//   {"swapnet_learned": 1, "fingerprint": F, "layers": L, "threads": T,
+//   {"swapnet_learned": 1, "fingerprint": F, "layers": L, "device": D, "threads": T,
 //    "layer_ms": [...] or null, "read_mb_s": R or 0}
 // and at open, with learning on, a file whose fingerprint (the image's layer checksums and
-// sizes) and intra-op thread count match is planned with from the first inference: layer
-// times measured with other threads, or for another image (a re-pack changes the checksums),
-// are not this executor's. Learning goes on from there: costs that no longer hold are learned
+// sizes), device ("cpu" where a file has none) and, on the CPU, intra-op thread count match is
+// planned with from the first inference: layer times measured with other threads, on another
+// device (a GPU's are 10-100x the CPU's: Note [Timing layers on the GPU]), or for another image
+// (a re-pack changes the checksums), are not this executor's. Learning goes on from there: costs that no longer hold are learned
 // again. A store that cannot be read or written is said once (warn) and changes nothing else;
 // with learn_after 0 the store is neither read nor written (costs as packed and profiled).
 std::optional<LearnedCosts> load_learned_costs(const std::string& path, const std::string& image,
-                                               const ImageInfo& info, bool times) {
+                                               const ImageInfo& info, const std::string& device, bool times) {
   if (path.empty()) return std::nullopt;
   if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return std::nullopt;  // nothing learned yet
   std::ifstream in(path);
@@ -171,7 +172,9 @@ std::optional<LearnedCosts> load_learned_costs(const std::string& path, const st
       throw Error("its costs were learned for another image (fingerprint " + j.at("fingerprint").get<std::string>() +
                   ", this image's " + fp + ")");
     }
-    if (j.at("threads").get<int>() != threads) {
+    const std::string was = j.value("device", std::string("cpu"));
+    if (was != device) throw Error("its costs were learned on " + was + ", this executor runs on " + device);
+    if (device == "cpu" && j.at("threads").get<int>() != threads) {
       throw Error("its costs were learned with " + std::to_string(j.at("threads").get<int>()) +
                   " intra-op threads, this process has " + std::to_string(threads));
     }
@@ -203,12 +206,13 @@ std::optional<LearnedCosts> load_learned_costs(const std::string& path, const st
 }
 
 bool store_learned_costs(const std::string& path, const std::string& image, const ImageInfo& info,
-                         const std::vector<double>* layer_ms, double read_mb_s) {
+                         const std::string& device, const std::vector<double>* layer_ms, double read_mb_s) {
   nlohmann::json j;
   j["swapnet_learned"] = 1;
   j["image"] = image;
   j["fingerprint"] = learned_fingerprint(info);
   j["layers"] = info.layers.size();
+  j["device"] = device;
   j["threads"] = at::get_num_threads();
   if (layer_ms != nullptr) {
     j["layer_ms"] = *layer_ms;

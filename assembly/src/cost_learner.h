@@ -116,16 +116,17 @@ class GridBuild {
   static int running();
 };
 
-// Note [Learned costs kept]: the costs learned for `info` read from `path` (nothing where the
-// file is absent, or learned for another image or thread count: said once, as a warning).
+// Note [Learned costs kept]: the costs learned for `info` on `device` ("cpu", "cuda:0") read
+// from `path` (nothing where the file is absent, or learned for another image, device or thread
+// count: said once, as a warning).
 struct LearnedCosts {
   std::optional<std::vector<double>> layer_ms;
   double read_mb_s = 0;  // 0: none
 };
 std::optional<LearnedCosts> load_learned_costs(const std::string& path, const std::string& image,
-                                               const ImageInfo& info, bool times);
+                                               const ImageInfo& info, const std::string& device, bool times);
 // Writes them (whole, renamed over the old); false (said once, as a warning) when it cannot.
 bool store_learned_costs(const std::string& path, const std::string& image, const ImageInfo& info,
-                         const std::vector<double>* layer_ms, double read_mb_s);
+                         const std::string& device, const std::vector<double>* layer_ms, double read_mb_s);
 
 }  // namespace swapnet

@@ -1,6 +1,9 @@
 // Where layers run: the host and CUDA backends (device_backend.h).
 #include "device_backend.h"
 
+#include "layer_clock.h"
+#include "torch_compat.h"
+
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -8,6 +11,8 @@
 #include <chrono>
 #include <deque>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace swapnet {
 
@@ -21,12 +26,12 @@ namespace swapnet {
 // the calling thread queued them: an event recorded behind them says when; the host's are done
 // when the layer returns), and waiting for the device before the ring changes. What a backend
 // cannot do follows from that and is stated in its Caps: the CUDA backend's layers do not run
-// on the calling thread, so it cannot time them (no costs learned), run them as their bytes land
+// on the calling thread, so it times them with events where they run (Note [Timing layers on
+// the GPU] in layer_clock.cpp; libtorch 2.x), cannot run them as their bytes land
 // or shed the bytes a running layer does not read; its activations live in PyTorch's caching
 // allocator, which the CPU meter does not count, so new input shapes are refused and the
-// activation reserve is not lent. Each of these is a capability a CUDA backend can gain (CUDA
-// events to time layers, a stream wait per piece to run them as they land) without the pipeline
-// changing: issue 47.
+// activation reserve is not lent. Each of these is a capability a CUDA backend can gain (a
+// stream wait per piece to run layers as they land) without the pipeline changing: issue 47.
 //
 // Note [Swapping onto the GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -54,13 +59,37 @@ class HostBackend final : public DeviceBackend {
   const char* name() const override { return "host"; }
   void configure(const std::string&, ExecutorOptions*) override {}
   void block_done(BlockRing& ring) override { ring.pop(); }
+  void layer_ended(int layer, double host_ms) override { times_.emplace_back(layer, host_ms); }
+  void take_layer_times(bool, const std::function<void(int, double)>& f) override {
+    for (const auto& [layer, ms] : times_) f(layer, ms);
+    times_.clear();
+  }
+  void forget_layer_times() override { times_.clear(); }
+
+ private:
+  std::vector<std::pair<int, double>> times_;  // ended, not yet taken
+};
+
+// A CUDA event with timing on the current stream (Note [Timing layers on the GPU]).
+class CudaMark final : public Mark {
+ public:
+  void put() override { event_.record(current_stream()); }
+  bool passed() override { return event_.query(); }
+  double ms_since(Mark& start) override { return compat::event_ms(static_cast<CudaMark&>(start).event_, event_); }
+
+  static c10::Stream current_stream() {
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(c10::Device(c10::DeviceType::CUDA, 0));
+  }
+
+ private:
+  c10::Event event_{c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT};
 };
 
 DeviceBackend::Caps cuda_caps() {
   DeviceBackend::Caps c;
   c.async = true;
   c.layer_by_layer = false;
-  c.learns = false;
+  c.learns = compat::kEventsTime;  // Note [Timing layers on the GPU]
   c.sheds = false;
   c.meters_activations = false;
   c.host_pages = false;
@@ -144,14 +173,19 @@ class CudaBackend final : public DeviceBackend {
     }
   }
   std::size_t pending() const override { return pending_.size(); }
+  void layer_began(int layer) override { clock_.began(layer); }
+  void layer_ended(int layer, double) override { clock_.ended(layer); }
+  void take_layer_times(bool wait, const std::function<void(int, double)>& f) override { clock_.take(wait, f); }
+  void forget_layer_times() override { clock_.forget(); }
   void idle(BlockRing* ring) override {
     if (ring != nullptr) reclaim(*ring, true, false);
     c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
   }
 
  private:
-  c10::Stream stream() const { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device()); }
+  c10::Stream stream() const { return CudaMark::current_stream(); }
   std::deque<std::unique_ptr<c10::Event>> pending_;  // per executed swapped block not yet popped
+  LayerClock clock_{[] { return std::make_unique<CudaMark>(); }};
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,8 +28,8 @@ class DeviceBackend {
     // A block's layers run as their pieces land and give their bytes back as they end (Note
     // [Layer by layer]): the compute thread must be where the layers run.
     bool layer_by_layer = true;
-    // Layer times measured on the compute thread are the layers' times (Note [Learning the costs
-    // in service]).
+    // Layer times can be measured where the layers run (Note [Learning the costs in service];
+    // on a GPU, Note [Timing layers on the GPU] in layer_clock.cpp).
     bool learns = true;
     // shed() gives back all but the running layer's weights while it runs (Note [Shedding]).
     bool sheds = true;
@@ -70,6 +71,15 @@ class DeviceBackend {
   virtual std::size_t pending() const { return 0; }
   // Nothing queued reads any block: before the ring is resized, re-read or freed.
   virtual void idle(BlockRing* ring) {}
+  // Layer times, where costs are learned (Caps::learns): the compute thread is about to queue a
+  // layer's work / has queued it (`host_ms`: how long that call took, the layer's time where it
+  // runs on that thread). take_layer_times hands the times known by now to `f`, oldest first,
+  // and all of them, waiting for the device, where `wait`; forget_layer_times drops those not
+  // taken (an aborted inference).
+  virtual void layer_began(int layer) {}
+  virtual void layer_ended(int layer, double host_ms) = 0;
+  virtual void take_layer_times(bool wait, const std::function<void(int, double)>& f) = 0;
+  virtual void forget_layer_times() = 0;
 
  protected:
   DeviceBackend(Caps caps, c10::Device device) : caps_(caps), device_(device) {}

@@ -214,6 +214,11 @@ void end_measuring(Executor::Impl& m, bool ok);
 // executor_learn.cpp. After an inference (Note [Learning the costs in service] in
 // cost_learner.cpp); `whole`: it was not one measuring a new input.
 void learn_costs(Executor::Impl& m, bool whole);
+// Whether this executor learns its costs (then its layers are timed: DeviceBackend::layer_began).
+bool learns(const Executor::Impl& m);
+// The backend's layer times known by now (all of them, waiting for the device, where `wait`) to
+// the learner.
+void take_layer_times(Executor::Impl& m, bool wait);
 // Note [Learned costs kept] (cost_learner.cpp): at open, the costs learned before.
 void load_learned(Executor::Impl& m);
 

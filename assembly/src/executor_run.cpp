@@ -136,6 +136,8 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   }
   m.running_layer = m.run->next_layer();
   m.lender.sync(m.running_layer);  // its activations go where they went before
+  const bool timed = learns(m);
+  if (timed) m.backend->layer_began(m.running_layer);
   lk.unlock();
   const auto layer_t0 = TraceClock::now();
   try {
@@ -148,7 +150,10 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   const auto layer_t1 = TraceClock::now();
   if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
   lk.lock();
-  m.learner->time_layer(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
+  if (timed) {
+    m.backend->layer_ended(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
+    take_layer_times(m, false);
+  }
   m.meter.note_reach();
   m.lender.measure(m.running_layer);
   m.running_layer = -1;
@@ -302,6 +307,8 @@ c10::IValue Executor::finish() {
   const bool measured_input = m.meter.measuring();
   end_measuring(m, true);  // re-plans with the reserve this input needs
   try {
+    // Note [Timing layers on the GPU]: the learner sees the inference whole.
+    if (learns(m)) take_layer_times(m, true);
     learn_costs(m, !measured_input);
   } catch (const std::exception& e) {  // never this inference's failure: the plan in force stays
     log(LogLevel::kWarn, m.path + ": learning the costs failed, the plan stays: " + e.what());
@@ -313,6 +320,7 @@ void Executor::abort() {
   Impl& m = *impl_;
   std::lock_guard<std::recursive_mutex> lk(m.mu);
   m.cursor->cancel_executing();  // before it is forgotten: its pieces may be in flight
+  m.backend->forget_layer_times();
   m.run.reset();
   m.bound = false;
   m.cursor->done_executing();

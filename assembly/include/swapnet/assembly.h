@@ -340,9 +340,10 @@ struct ExecutorOptions {
   // predicted with them, is more than `learn_threshold` off its prediction with the image's
   // layer times and `cost`, they replace those, and the executor re-plans at its budget before
   // the next inference (with `grid_step`, once the new table is built on a thread of its own).
-  // Not learned: a plan given by `partition`/`blocks`, kEqual, the GPU (kernels run after the
-  // thread goes on, so the thread does not see a layer's time), and an inference that measured
-  // a new input's activations (weights at their least). Layer times learned show in info().
+  // On the GPU a layer's time is the GPU's, from CUDA events around its kernels (Note [Timing
+  // layers on the GPU] in layer_clock.cpp; libtorch 2.x: 1.13's events cannot time). Not
+  // learned: a plan given by `partition`/`blocks`, kEqual, and an inference that measured a new
+  // input's activations (weights at their least). Layer times learned show in info().
   // 0, or 3..kMaxLearnAfter (Executor::open refuses 1 and 2: a window's median needs three
   // inferences to set one disturbed inference aside).
   int learn_after = 0;
@@ -354,7 +355,8 @@ struct ExecutorOptions {
   // Note [Learned costs kept]: a file (JSON) where learned costs are written each time they are
   // taken, and read at open (with learn_after > 0) so that the next executor of this image, in
   // this process or another, plans with them from its first inference. Only costs learned for
-  // this very image (its layers' checksums) with the same number of threads are taken; another
+  // this very image (its layers' checksums) on the same device (with the same number of
+  // threads, on the CPU) are taken; another
   // file, or one that cannot be read or written, is said once and changes nothing else.
   // Empty: none.
   std::string learn_store;
