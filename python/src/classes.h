@@ -89,7 +89,8 @@ struct ExecutorHolder : torch::CustomClassHolder {
   std::mutex mu;  // one inference at a time (Executor's contract), whatever Python threads do
   int account = 0;                   // CPU meter account of its inferences' activations
   std::uint64_t activation_peak = 0;  // most activation bytes one inference allocated (and lent blocks)
-  std::uint64_t inferences = 0;
+  std::uint64_t inferences = 0;  // run swapped
+  std::uint64_t unswapped = 0;   // run through `fallback` (loaded normally)
 
   // Transparent swapping of a model with no image yet (transparent.cpp): the first forward
   // calls `open` with its inputs (it makes the image and says the budget), then runs swapped;
@@ -121,7 +122,13 @@ struct ExecutorHolder : torch::CustomClassHolder {
       std::vector<c10::IValue> in = to_inputs(inputs);
       if (lazy_open) open_lazily(in);
       if (ex && follows_inputs) follow(in);
-      if (!ex) return fallback(std::move(in));
+      if (!ex) {
+        // Loaded normally from now on (lazy_open was taken above): no budget to share.
+        loaded_normally_.store(true);
+        c10::IValue r = fallback(std::move(in));
+        ++unswapped;
+        return r;
+      }
       apply_pending();
       // Activations are charged to this executor's account while it runs (as the Runtime does),
       // so that stats can say the most it held: weights at their peak + activations at theirs.
@@ -169,6 +176,9 @@ struct ExecutorHolder : torch::CustomClassHolder {
     settle();
   }
   std::uint64_t budget() const { return budget_now.load(); }
+  // The model runs as loaded normally (its image or executor could not be opened, or its inputs
+  // went where it cannot run swapped): a budget changes nothing of its memory.
+  bool loaded_normally() const { return loaded_normally_.load(); }
 
  private:
   void open_lazily(const std::vector<c10::IValue>& inputs) {
@@ -239,6 +249,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
   }
   std::atomic<std::int64_t> pending{-1};
   std::atomic<std::uint64_t> budget_now{0};
+  std::atomic<bool> loaded_normally_{false};
   std::string options_;  // the executor's options (JSON), "device" included
   std::string device_ = "cpu";  // the open executor's
   // Held while `ex` is replaced, and by request_budget, which reaches the executor without `mu`.
@@ -287,7 +298,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
   }
   // What the transparent models report (status, stats lines); 0s before the executor opens.
   struct Summary {
-    std::uint64_t bytes_read = 0, peak_model_bytes = 0, inferences = 0;
+    std::uint64_t bytes_read = 0, peak_model_bytes = 0, inferences = 0, unswapped = 0;
     std::size_t blocks = 0, resident_blocks = 0;
     std::string device = "none";  // where it runs swapped: cpu, cuda, or none (not open, or loaded normally)
   };
@@ -295,6 +306,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     std::lock_guard<std::mutex> lock(mu);
     Summary r;
     r.inferences = inferences;
+    r.unswapped = unswapped;
     if (!ex) return r;
     r.device = device_;
     r.bytes_read = ex->bytes_read();
@@ -305,7 +317,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
   }
   std::string stats() {
     std::lock_guard<std::mutex> lock(mu);
-    if (!ex) return json{{"image", nullptr}, {"inferences", inferences}}.dump();
+    if (!ex) return json{{"image", nullptr}, {"inferences", inferences}, {"unswapped_inferences", unswapped}}.dump();
     const WeightMemory w = ex->weight_memory();
     const Executor::PipelineStats ps = ex->pipeline_stats();
     const Executor::Learning learning = ex->learning();

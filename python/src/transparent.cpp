@@ -26,7 +26,8 @@
 // below), taken at the next block boundary of an inference in progress.
 // SWAPNET_ALLOC_STATS=1 adds one line per swapped model at exit:
 //   swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
-//                  bytes_read=N inferences=N device=cpu|cuda|none (none: it runs as loaded normally)
+//                  bytes_read=N inferences=N device=cpu|cuda|none unswapped=N (none: it runs as
+//                  loaded normally; unswapped: the forwards run so)
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
@@ -109,7 +110,9 @@ struct Swapped {
 
 // Every model the program loaded swapped, as one BudgetTarget for SWAPNET_BUDGET_SOURCE and
 // the control socket: a new total is split in proportion to the models' budgets now (one
-// model: all of it); each takes its share at its next block boundary.
+// model: all of it); each takes its share at its next block boundary. A model that runs as
+// loaded normally (ExecutorHolder::loaded_normally) has no share: its memory is the model's
+// whatever the budget, so the swapped ones split the whole total, and it counts in none.
 class Models final : public BudgetTarget {
  public:
   void add(Swapped s) {
@@ -121,6 +124,7 @@ class Models final : public BudgetTarget {
     const std::uint64_t now = total_locked();
     if (list_.empty() || now == 0) return;
     for (const Swapped& s : list_) {
+      if (s.holder->loaded_normally()) continue;
       const double share = static_cast<double>(s.holder->budget()) / static_cast<double>(now);
       s.holder->request_budget(static_cast<std::uint64_t>(share * static_cast<double>(total)));
     }
@@ -142,6 +146,8 @@ class Models final : public BudgetTarget {
                              {"paused", false},
                              {"blocks", m.blocks},
                              {"requests", m.inferences},
+                             {"unswapped_requests", m.unswapped},
+                             {"loaded_normally", s.holder->loaded_normally()},
                              {"peak_model_bytes", m.peak_model_bytes},
                              {"bytes_read", m.bytes_read},
                              {"device", m.device}});
@@ -155,18 +161,18 @@ class Models final : public BudgetTarget {
       const ExecutorHolder::Summary m = s.holder->summary();
       std::fprintf(stderr,
                    "swapnet-model: %s image=%s budget=%llu blocks=%zu resident_blocks=%zu peak_model_bytes=%llu "
-                   "bytes_read=%llu inferences=%llu device=%s\n",
+                   "bytes_read=%llu inferences=%llu device=%s unswapped=%llu\n",
                    s.model.c_str(), s.image.c_str(), static_cast<unsigned long long>(s.holder->budget()), m.blocks,
                    m.resident_blocks, static_cast<unsigned long long>(m.peak_model_bytes),
                    static_cast<unsigned long long>(m.bytes_read), static_cast<unsigned long long>(m.inferences),
-                   m.device.c_str());
+                   m.device.c_str(), static_cast<unsigned long long>(m.unswapped));
     }
   }
 
  private:
   std::uint64_t total_locked() const {
     std::uint64_t t = 0;
-    for (const Swapped& s : list_) t += s.holder->budget();
+    for (const Swapped& s : list_) t += s.holder->loaded_normally() ? 0 : s.holder->budget();
     return t;
   }
   mutable std::mutex mu_;

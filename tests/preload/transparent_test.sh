@@ -136,6 +136,24 @@ if [[ "$(grep '^swapnet-model: ' "$err")" =~ peak_model_bytes=([0-9]+) ]]; then
   check "SWAPNET_CONTROL: peak model bytes $peak within the larger of the two budgets (24 MiB)" '[ "$peak" -le 25165824 ]'
 fi
 
+# A model that runs as loaded normally since its inputs went where it cannot run swapped (meta,
+# standing in for a second GPU) has no share of a budget set at run time: the swapped one gets it
+# all, the status says which is which, and the swapped one's output is unchanged.
+cp "$models/mobilenet_v2.pt" "$work/other.pt"
+share=$(dirname "$0")/fallback_share.py
+fb_plain=$("$py" "$share" "$work/model.pt" "$work/other.pt" $shape "$SWAPNET_CLI" 20MiB 2>/dev/null)
+fb=$("${pre[@]}" SWAPNET_BUDGET=70% SWAPNET_INPUT_SHAPE=$shape SWAPNET_CONTROL=$work/fb.sock \
+  "$py" "$share" "$work/model.pt" "$work/other.pt" $shape "$SWAPNET_CLI" 20MiB 2>"$err")
+fb_status=$(sed -n 's/^status //p' "$err")
+check "a model loaded normally after its inputs moved: said once, no share of the budget (the other gets 20 MiB), outputs identical" \
+  '[ -n "$fb_plain" ] && [ "$fb" = "$fb_plain" ] && grep -q "^answer ok 20971520" "$err" &&
+   [ "$(grep -c "inputs are on meta, where it cannot run swapped" "$err")" -eq 1 ] &&
+   [[ "$fb_status" == *"\"total_budget_bytes\":20971520"* ]] &&
+   [[ "$fb_status" =~ \"budget_bytes\":20971520,[^}]*\"loaded_normally\":false,\"name\":\"[^\"]*/model.pt\" ]] &&
+   [[ "$fb_status" =~ \"device\":\"none\",[^}]*\"loaded_normally\":true,\"name\":\"[^\"]*/other.pt\" ]] &&
+   grep -q "^swapnet-model: [^ ]*/other.pt .* device=none unswapped=0" "$err"' || cat "$err"
+rm -f "$work"/other.*
+
 # Declined: each said once, the model loaded normally, outputs unchanged.
 declined() {  # NAME EXPECTED_MESSAGE ENV...
   local name=$1 msg=$2; shift 2

@@ -46,7 +46,9 @@
 //   SWAPNET_BUDGET_SOURCE=file:PATH|meminfo:RESERVE|cgroup:PATH, SWAPNET_BUDGET_PERIOD_MS,
 //   SWAPNET_CONTROL=PATH|default     the budget at run time, as `swapnet serve` takes it
 //                                    (`swapnet ctl --socket PATH budget 40MiB`); several swapped
-//                                    models share a new total in proportion to their budgets.
+//                                    models share a new total in proportion to their budgets
+//                                    (one that runs as loaded normally has no share; `ctl
+//                                    status` says "loaded_normally" and "unswapped_requests").
 //   SWAPNET_LEARN=N                  every N inferences (default 3; 0: never) the layer times and
 //                                    read rate measured are compared with the image's and the
 //                                    device profile's, and the model re-planned with them when its
@@ -55,7 +57,10 @@
 //                                    other than 0 or 3..1000 is said once and 3 is used.
 //   SWAPNET_ALLOC_STATS=1            adds per swapped model, at exit:
 //     swapnet-model: MODEL image=IMAGE budget=N blocks=N resident_blocks=N peak_model_bytes=N
-//                    bytes_read=N inferences=N device=cpu|cuda|none
+//                    bytes_read=N inferences=N device=cpu|cuda|none unswapped=N
+//     (inferences: run swapped; unswapped: run as loaded normally, device=none, where the model
+//     could not run swapped or its inputs went where it cannot; such a model has no share of a
+//     budget set at run time)
 // What the program gets is a module with the model's forward (same arguments, same outputs bit
 // for bit) and nothing else: parameters(), buffers(), named_modules() and state_dict() are empty,
 // other methods of the model are absent, .train() changes nothing, and save() writes the
