@@ -7,6 +7,9 @@
 # (SWAPNET_GPU_CHECK_SECONDS, default 520), the most important first, each step bounded;
 # SWAPNET_GPU_CHECK_FOCUS=arch runs only issue 47's table: seven architectures at 1/3 and 1/2 on
 # the machine's disk and emulated at 2 and 1 GB/s (after the build; several calls: see below).
+# SWAPNET_GPU_LEARN=N adds --learn N to every latency cell (Note [Timing layers on the GPU]: plans
+# made with the GPU's layer times, learned in a warm-up window, instead of the image's CPU times);
+# the rows say so and carry what was learned.
 # SWAPNET_GPU_CHECK_FOCUS=1 runs a shorter set (the GPU, preload, run, python and serve.small tests; copies
 # and latency of resnet101 and yolov3), for a second try in what is left of a session's time.
 #  0. the machine: GPU, driver, CUDA, torch, compilers;
@@ -244,13 +247,14 @@ table="| model | budget | hand-over | direct GPU ms | swapnet GPU ms | ratio | r
 cell() {  # NAME FRACTION [HANDOVER ROUNDS ITERS]
   local name=$1 frac=$2 how=${3:-host} rounds=${4:-3} iters=${5:-10} im b j rc
   # SWAPNET_EMULATE_READ set by the caller: a constant-rate disk (no bursts), in the row's name.
-  local tag=${SWAPNET_EMULATE_READ:+-emu${SWAPNET_EMULATE_READ//\//}}
-  local label="$how${SWAPNET_EMULATE_READ:+, disk emulated at $SWAPNET_EMULATE_READ}"
+  local tag=${SWAPNET_EMULATE_READ:+-emu${SWAPNET_EMULATE_READ//\//}}${SWAPNET_GPU_LEARN:+-learn$SWAPNET_GPU_LEARN}
+  local label="$how${SWAPNET_EMULATE_READ:+, disk emulated at $SWAPNET_EMULATE_READ}${SWAPNET_GPU_LEARN:+, costs learned (--learn $SWAPNET_GPU_LEARN)}"
   im=$(pack "$name"); b=$(( $(data_bytes "$im") / frac ))
   run_cell() {  # at $b, into $j and its .err; sets rc
     j=$detail/$name-1of$frac-$how$tag.json
+    # shellcheck disable=SC2086
     SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
-      --iters "$iters" --json > "$j" 2> "${j%.json}.err"
+      --iters "$iters" ${SWAPNET_GPU_LEARN:+--learn $SWAPNET_GPU_LEARN} --json > "$j" 2> "${j%.json}.err"
     rc=$?
   }
   run_cell
@@ -274,7 +278,7 @@ open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": 
     "direct_ms": d, "swapnet_ms": s, "ratio_vs_direct": j.get("ratio_vs_direct"), "raw_io_mb_s": j.get("raw_io_mb_s"),
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
     "equal": j.get("equal"), "memory": j.get("memory"), "bytes_read_per_inference": j.get("bytes_read_per_inference"),
-    "disk_mb_s_while_busy": (j.get("pipeline") or {}).get("disk_mb_s_while_busy")}) + "\n")
+    "disk_mb_s_while_busy": (j.get("pipeline") or {}).get("disk_mb_s_while_busy"), "learning": j.get("learning")}) + "\n")
 busy = (j.get("pipeline") or {}).get("disk_mb_s_while_busy") or 0
 print(f"| {name} | 1/{frac} ({b / 2**20:.1f} MiB) | {how} | {d:.2f} | {s:.2f} | {j.get('ratio_vs_direct', 0):.3f} | "
       f"{j.get('raw_io_mb_s', 0):.0f} | {busy:.0f} | {j.get('io_bound_ms', 0):.2f} | {j.get('ratio_vs_bound', 0):.3f} | {j.get('num_blocks')} | {j.get('equal')} |")
