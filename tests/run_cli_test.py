@@ -109,6 +109,25 @@ def main() -> int:
                    f"trace summary: {s['mean']}, {len(s['inferences'])} inferences")
         rc, out, err = run(cli, "run", img, "--mode", "direct", "--iters", "1", "--trace", trace)
         expect(rc == 2 and "mode swapnet only" in err, f"--trace with direct: exit {rc}, {err!r}")
+        # The CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin]): the GPU's
+        # two-block ring and asynchronous hand-back, whole blocks, layers timed and costs learned
+        # through the backend: bit-identical, within the budget, costs learned.
+        twin = {"SWAPNET_DEVICE_TWIN": "cuda"}
+        rc, out, err = run(cli, "run", img, "--budget", "4096", "--iters", "1", env=twin)
+        m = re.search(r"the minimum for this model is (\d+) bytes", err)
+        expect(rc == 2 and m is not None and "two largest adjacent layers" in err, f"twin, tiny budget: exit {rc}, {err!r}")
+        tb = max(budget, int(m.group(1)) if m else 0)
+        rc, out, err = run(cli, "run", img, "--budget", str(tb), "--check", "--iters", "4", "--learn", "3", "--json",
+                           env=twin)
+        expect(rc == 0, f"twin: run --check exit {rc}: {err[-400:]}")
+        if rc == 0:
+            j = json.loads(out)
+            print("twin:", json.dumps({k: j.get(k) for k in ("read_ahead", "num_blocks", "peak_model_bytes", "equal")}),
+                  json.dumps({k: j["learning"].get(k) for k in ("windows", "replans", "measured_layers_ms")}))
+            expect(j["equal"] is True and 0 < j["peak_model_bytes"] <= tb, f"twin: outputs or peak {j['peak_model_bytes']} > {tb}")
+            expect(j.get("read_ahead") == "two-ended" and j["num_blocks"] >= 2, f"twin: {j.get('read_ahead')}, {j['num_blocks']} blocks")
+            expect(j["learning"]["windows"] >= 1 and j["learning"]["measured_layers_ms"] > 0, f"twin learning: {j['learning']}")
+            expect("SWAPNET_DEVICE_TWIN=cuda" in err, "twin: said")
     gpu = bool(os.environ.get("SWAPNET_EXPECT_GPU"))
     if name not in ("synthetic", "resnet18") and not gpu:
         print(f"{name}: budget {budget}, minimum {minimum}")

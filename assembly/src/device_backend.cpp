@@ -8,6 +8,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <deque>
 #include <thread>
@@ -53,9 +54,9 @@ namespace swapnet {
 // bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
 namespace {
 
-class HostBackend final : public DeviceBackend {
+class HostBackend : public DeviceBackend {
  public:
-  HostBackend() : DeviceBackend(Caps{}, c10::Device(c10::DeviceType::CPU)) {}
+  HostBackend() : HostBackend(Caps{}) {}
   const char* name() const override { return "host"; }
   void configure(const std::string&, ExecutorOptions*) override {}
   void block_done(BlockRing& ring) override { ring.pop(); }
@@ -66,8 +67,57 @@ class HostBackend final : public DeviceBackend {
   }
   void forget_layer_times() override { times_.clear(); }
 
+ protected:
+  explicit HostBackend(Caps caps) : DeviceBackend(caps, c10::Device(c10::DeviceType::CPU)) {}
+
  private:
   std::vector<std::pair<int, double>> times_;  // ended, not yet taken
+};
+
+DeviceBackend::Caps cuda_caps();
+
+// Note [The CUDA backend's host twin]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The GPU's pipeline differs from the CPU's in its Caps (asynchronous hand-back of a block's ring
+// space, whole blocks, no lending or shedding) and its read-ahead (two blocks: Note [Swapping
+// onto the GPU]), not in code: SWAPNET_DEVICE_TWIN=cuda runs an executor on the CPU with exactly
+// those, so that what the GPU path's structure costs can be measured and changed where no GPU
+// is. Its layers run on the CPU (its tensors, memory and times are the host's), and a block's
+// kernels count as done once the cursor has looked at them once (a real GPU's are still running
+// right after they were queued: the cursor's first look, at the block's end, finds them
+// running; its next finds them done, as a GPU with little compute per block would). Under an
+// emulated slow disk (SWAPNET_EMULATE_READ) the CPU's compute is small beside the reads, as a
+// GPU's is beside a fast disk, so the twin shows where the GPU path leaves the disk idle.
+class CudaTwinBackend final : public HostBackend {
+ public:
+  CudaTwinBackend() : HostBackend(twin_caps()) {}
+  const char* name() const override { return "cuda-twin"; }
+  void configure(const std::string& image, ExecutorOptions*) override {  // two blocks: effective_read_ahead
+    log_once(LogLevel::kWarn, "cuda_twin",
+             image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
+  }
+  void block_done(BlockRing&) override { pending_.push_back(false); }
+  void reclaim(BlockRing& ring, bool wait, bool one) override {
+    while (!pending_.empty() && (wait || pending_.front())) {
+      pending_.pop_front();
+      ring.pop();
+      if (one) break;
+    }
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) *it = true;  // done by the next look
+  }
+  std::size_t pending() const override { return pending_.size(); }
+  void idle(BlockRing* ring) override {
+    if (ring != nullptr) reclaim(*ring, true, false);
+  }
+
+ private:
+  static Caps twin_caps() {
+    Caps c = cuda_caps();
+    c.learns = true;      // the host's times
+    c.host_pages = true;  // host memory
+    return c;
+  }
+  std::deque<bool> pending_;  // per executed swapped block not yet popped: whether its "kernels" are done
 };
 
 // A CUDA event with timing on the current stream (Note [Timing layers on the GPU]).
@@ -190,7 +240,21 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
-std::unique_ptr<DeviceBackend> make_host_backend() { return std::make_unique<HostBackend>(); }
+bool cuda_twin() {
+  static const bool twin = [] {
+    const char* v = std::getenv("SWAPNET_DEVICE_TWIN");
+    if (v == nullptr || *v == '\0') return false;
+    if (std::string(v) == "cuda") return true;
+    log_once(LogLevel::kWarn, "device_twin", std::string("SWAPNET_DEVICE_TWIN='") + v + "' is not cuda: ignored");
+    return false;
+  }();
+  return twin;
+}
+
+std::unique_ptr<DeviceBackend> make_host_backend() {
+  if (cuda_twin()) return std::make_unique<CudaTwinBackend>();
+  return std::make_unique<HostBackend>();
+}
 
 std::unique_ptr<DeviceBackend> make_cuda_backend(const std::string& image) {
   require_cuda(image);

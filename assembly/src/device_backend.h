@@ -89,8 +89,10 @@ class DeviceBackend {
   c10::Device device_;
 };
 
-// The host: layers run on the calling thread, on host memory.
+// The host: layers run on the calling thread, on host memory; with SWAPNET_DEVICE_TWIN=cuda
+// (cuda_twin()), the CUDA backend's pipeline there (Note [The CUDA backend's host twin]).
 std::unique_ptr<DeviceBackend> make_host_backend();
+bool cuda_twin();
 // The first CUDA device (ExecutorOptions::Device::kCUDA); throws Error naming `image` where there
 // is none (require_cuda).
 std::unique_ptr<DeviceBackend> make_cuda_backend(const std::string& image);

@@ -3,6 +3,7 @@
 // the partitioner is told. Pure functions of their arguments: the Executor's Planner
 // (planner.h) keeps the state they are called with.
 #include "planning.h"
+#include "device_backend.h"
 
 #include <ATen/Context.h>
 
@@ -81,7 +82,8 @@ bool host_blocks(const ExecutorOptions& o) {
 // paths keep two blocks, Note [Swapping onto the GPU]).
 ReadAhead effective_read_ahead(const ExecutorOptions& o) {
   if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
-  const bool host = host_blocks(o);
+  // The CUDA backend's host twin runs the GPU's pipeline (Note [The CUDA backend's host twin]).
+  const bool host = host_blocks(o) && !cuda_twin();
   return host && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
 }
 
