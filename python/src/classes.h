@@ -33,7 +33,8 @@ int learn_from_env();
 // in cost_learner.cpp): nowhere by default; beside the image (IMAGE.learned.json) with
 // $SWAPNET_LEARN_STORE=beside. Off by default: under the blkio throttle a kept read rate was
 // learned in the throttle's burst, and the next process ran 1.04x longer (bench/learn_store.py).
-std::string learn_store_for(const std::string& image);
+// SWAPNET_LEARN_STORE=beside: IMAGE.learned.json on the CPU, IMAGE.DEVICE.learned.json elsewhere.
+std::string learn_store_for(const std::string& image, const std::string& device);
 
 // The options python/swapnet passes as JSON (plan, read_ahead, verify, device, profile, learn,
 // learn_store),
@@ -188,7 +189,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
       std::uint64_t budget = 0;
       image = open(inputs, &budget);
       json o = options_json();
-      o["learn_store"] = learn_store_for(image);
+      o["learn_store"] = learn_store_for(image, o.value("device", std::string("cpu")));
       options_ = o.dump();
       open_executor(budget);
       if (on_open) on_open(this);
@@ -233,6 +234,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     if (!want.empty()) {
       json o = options_json();
       o["device"] = want;
+      o["learn_store"] = learn_store_for(image, want);
       const std::string before = options_;
       options_ = o.dump();
       try {

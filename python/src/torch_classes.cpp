@@ -127,10 +127,12 @@ ExecutorOptions executor_options(const std::string& image, std::int64_t budget, 
   return eo;
 }
 
-std::string learn_store_for(const std::string& image) {
+std::string learn_store_for(const std::string& image, const std::string& device) {
   const char* v = std::getenv("SWAPNET_LEARN_STORE");
   const std::string s = v ? v : "";
-  if (s == "beside") return image + ".learned.json";
+  // One file per device: a GPU's layer times are not the CPU's (Note [Learned costs kept]), and a
+  // model that moves between the two would otherwise overwrite one with the other each time.
+  if (s == "beside") return image + (device == "cpu" || device.empty() ? "" : "." + device) + ".learned.json";
   if (!s.empty() && s != "off") {
     log_once(LogLevel::kWarn, "swapnet_learn_store_env",
              "SWAPNET_LEARN_STORE='" + s + "' is not beside or off: learned costs are not kept");

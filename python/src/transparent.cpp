@@ -418,7 +418,7 @@ c10::optional<Module> try_swap(std::shared_ptr<CompilationUnit> cu, const std::s
   c10::intrusive_ptr<ExecutorHolder> holder;
   try {
     notices_on();  // a bad SWAPNET_LEARN is said
-    const json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image)}, {"device", on}};
+    const json o = {{"learn", learn_from_env()}, {"learn_store", learn_store_for(image, on)}, {"device", on}};
     holder = c10::make_intrusive<ExecutorHolder>(image, static_cast<std::int64_t>(budget), o.dump());
   } catch (const std::exception& e) {
     say(key, std::string(e.what()) + " (SWAPNET_BUDGET=" + spec + "); " + model + " loaded normally");
