@@ -387,6 +387,16 @@ void BlockCursor::cancel_executing() {
 const Fetch& BlockCursor::take(int b, const Position& pos) {
   has_cur_ = false;
   if (fetches_.empty()) pump(pos, true);  // GPU: its space may have waited for kernels to finish
+  if (fetches_.empty() && w_.ring && backend_.pending() > 0) {
+    // GPU: the room block b needs is held by the newest executed block, whose kernels may still
+    // run (pump waits only for those before it). Nothing else can free it, and this thread needs
+    // b now: wait for them all. Where the pair (that block, b) is not one the plan was sized for
+    // (the first block of the next inference after the last, or after a re-plan), this is
+    // where the two-ended ring waits; found with the CUDA backend's host twin (Note [The CUDA
+    // backend's host twin]: the Runtime's deadline test failed "not read ahead in order").
+    backend_.reclaim(*w_.ring, true);
+    pump(pos, true);
+  }
   if (fetches_.empty() || fetches_.front().block != b || fetches_.front().next) {
     throw Error(path_ + ": internal: block " + std::to_string(b) + " was not read ahead in order");
   }
