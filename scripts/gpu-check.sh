@@ -274,7 +274,7 @@ j = json.load(open(path))
 d = j["direct"]["latency_ms"]["median"]
 s = j["latency_ms"]["median"]
 open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": f"1/{frac}", "budget": b, "handover": how.split(",")[0],
-    "disk": how.split("at ")[-1] if "emulated" in how else "the machine's",
+    "disk": how.split("emulated at ")[-1].split(",")[0] if "emulated" in how else "the machine's",
     "direct_ms": d, "swapnet_ms": s, "ratio_vs_direct": j.get("ratio_vs_direct"), "raw_io_mb_s": j.get("raw_io_mb_s"),
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
     "equal": j.get("equal"), "memory": j.get("memory"), "bytes_read_per_inference": j.get("bytes_read_per_inference"),

@@ -3,6 +3,7 @@
 // code with CUDA events, on a GPU only.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -144,6 +145,28 @@ TEST(LayerClock, ADeviceErrorStopsTheClockAndLeavesLayersUntimed) {
   d2.done = d2.queued;
   EXPECT_TRUE(take(c2, true).empty());
   EXPECT_NE(c2.off().find("cannot time"), std::string::npos) << c2.off();
+}
+
+TEST(LayerClock, ADeviceThatNeverPassesAMarkStopsTheWaitNotTheProgram) {
+  FakeDevice d;
+  LayerClock c([&d] { return std::make_unique<FakeMark>(&d); }, std::chrono::milliseconds(50));
+  run(c, d, 0, 1.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(take(c, true).empty());  // a hung kernel: the device never gets there
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_NE(c.off().find("had not done layer 0"), std::string::npos) << c.off();
+}
+
+// A learner that throws is not the device's fault: the clock goes on.
+TEST(LayerClock, TheLearnersErrorsAreItsOwn) {
+  FakeDevice d;
+  LayerClock c = clock_on(d);
+  run(c, d, 0, 1.0);
+  run(c, d, 1, 2.0);
+  d.done = d.queued;
+  EXPECT_THROW(c.take(false, [](int, double) { throw std::runtime_error("learner"); }), std::runtime_error);
+  EXPECT_TRUE(c.off().empty());
+  EXPECT_EQ(take(c, false), (Times{{1, 2.0}}));  // layer 0 was handed over once, not again
 }
 
 // compat::event_ms finds elapsedTime by its signature (libtorch 2.x's c10::Event has it, 1.13's

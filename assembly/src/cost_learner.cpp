@@ -147,7 +147,8 @@ std::string learned_fingerprint(const ImageInfo& info) {
 //   {"swapnet_learned": 1, "fingerprint": F, "layers": L, "device": D, "threads": T,
 //    "layer_ms": [...] or null, "read_mb_s": R or 0}
 // and at open, with learning on, a file whose fingerprint (the image's layer checksums and
-// sizes), device ("cpu" where a file has none) and, on the CPU, intra-op thread count match is
+// sizes), device ("cpu" where a file has none; a GPU's with its name) and, on the CPU, intra-op
+// thread count match is
 // planned with from the first inference: layer times measured with other threads, on another
 // device (a GPU's are 10-100x the CPU's: Note [Timing layers on the GPU]), or for another image
 // (a re-pack changes the checksums), are not this executor's. Learning goes on from there: costs that no longer hold are learned

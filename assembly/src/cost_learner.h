@@ -116,7 +116,7 @@ class GridBuild {
   static int running();
 };
 
-// Note [Learned costs kept]: the costs learned for `info` on `device` ("cpu", "cuda:0") read
+// Note [Learned costs kept]: the costs learned for `info` on `device` ("cpu", "cuda:0 (NAME)") read
 // from `path` (nothing where the file is absent, or learned for another image, device or thread
 // count: said once, as a warning).
 struct LearnedCosts {

@@ -62,8 +62,9 @@ class HostBackend : public DeviceBackend {
   void block_done(BlockRing& ring) override { ring.pop(); }
   void layer_ended(int layer, double host_ms) override { times_.emplace_back(layer, host_ms); }
   void take_layer_times(bool, const std::function<void(int, double)>& f) override {
-    for (const auto& [layer, ms] : times_) f(layer, ms);
-    times_.clear();
+    std::vector<std::pair<int, double>> now;
+    now.swap(times_);
+    for (const auto& [layer, ms] : now) f(layer, ms);
   }
   void forget_layer_times() override { times_.clear(); }
 
@@ -83,9 +84,9 @@ DeviceBackend::Caps cuda_caps();
 // onto the GPU]), not in code: SWAPNET_DEVICE_TWIN=cuda runs an executor on the CPU with exactly
 // those, so that what the GPU path's structure costs can be measured and changed where no GPU
 // is. Its layers run on the CPU (its tensors, memory and times are the host's), and a block's
-// kernels count as done once the cursor has looked at them once (a real GPU's are still running
-// right after they were queued: the cursor's first look, at the block's end, finds them
-// running; its next finds them done, as a GPU with little compute per block would). Under an
+// kernels count as done once the next block's are queued (a real GPU's are still running right
+// after they were queued, so the cursor's look at the block's end finds them running; by the
+// next block's end they are done, as on a GPU with little compute per block). Under an
 // emulated slow disk (SWAPNET_EMULATE_READ) the CPU's compute is small beside the reads, as a
 // GPU's is beside a fast disk, so the twin shows where the GPU path leaves the disk idle.
 class CudaTwinBackend final : public HostBackend {
@@ -96,14 +97,16 @@ class CudaTwinBackend final : public HostBackend {
     log_once(LogLevel::kWarn, "cuda_twin",
              image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
   }
-  void block_done(BlockRing&) override { pending_.push_back(false); }
+  void block_done(BlockRing&) override {
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) *it = true;  // done once the next is queued
+    pending_.push_back(false);
+  }
   void reclaim(BlockRing& ring, bool wait, bool one) override {
     while (!pending_.empty() && (wait || pending_.front())) {
       pending_.pop_front();
       ring.pop();
       if (one) break;
     }
-    for (auto it = pending_.begin(); it != pending_.end(); ++it) *it = true;  // done by the next look
   }
   std::size_t pending() const override { return pending_.size(); }
   void idle(BlockRing* ring) override {

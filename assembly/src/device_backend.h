@@ -75,7 +75,8 @@ class DeviceBackend {
   // layer's work / has queued it (`host_ms`: how long that call took, the layer's time where it
   // runs on that thread). take_layer_times hands the times known by now to `f`, oldest first,
   // and all of them, waiting for the device, where `wait`; forget_layer_times drops those not
-  // taken (an aborted inference).
+  // taken (an aborted inference). Called by the compute thread only (layer_ended without the
+  // executor's lock): they touch no state the backend's other calls do.
   virtual void layer_began(int layer) {}
   virtual void layer_ended(int layer, double host_ms) = 0;
   virtual void take_layer_times(bool wait, const std::function<void(int, double)>& f) = 0;

@@ -35,6 +35,14 @@ namespace swapnet {
 // 1.047 and 1.038; bench/results/learn_serve_grid_margin.jsonl).
 constexpr double kReplanGain = 0.02;
 
+namespace {
+// Which device learned costs are for (Note [Learned costs kept]): "cpu", or "cuda:0 (GPU NAME)".
+std::string learned_device(const Executor::Impl& m) {
+  const c10::Device d = m.backend->device();
+  return d.is_cuda() ? d.str() + " (" + cuda_device().name + ")" : d.str();
+}
+}  // namespace
+
 bool learns(const Executor::Impl& m) {
   // A partition or block count given at open (Impl::opt keeps them) is the user's: not learned.
   const bool fixed_plan = !m.opt.partition.empty() || m.opt.blocks > 0;
@@ -47,8 +55,7 @@ void take_layer_times(Executor::Impl& m, bool wait) {
 
 void load_learned(Executor::Impl& m) {
   if (!learns(m)) return;
-  std::optional<LearnedCosts> got = load_learned_costs(m.opt.learn_store, m.path, m.info, m.backend->device().str(),
-                                                       m.opt.measured_exec);
+  std::optional<LearnedCosts> got = load_learned_costs(m.opt.learn_store, m.path, m.info, learned_device(m), m.opt.measured_exec);
   if (!got) return;
   CostLearner& l = *m.learner;
   if (got->layer_ms) {
@@ -71,7 +78,7 @@ static void store_learned(Executor::Impl& m) {
   const std::vector<double> t = m.planner->layer_ms();
   const double alpha = m.planner->cost().alpha_ms_per_byte;
   const double mb_s = l.rate_learned && alpha > 0 ? 1e-3 / alpha : 0.0;
-  if (store_learned_costs(path, m.path, m.info, m.backend->device().str(), l.times_learned ? &t : nullptr, mb_s)) ++l.stats().stored;
+  if (store_learned_costs(path, m.path, m.info, learned_device(m), l.times_learned ? &t : nullptr, mb_s)) ++l.stats().stored;
 }
 
 namespace {

@@ -148,12 +148,12 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
     throw;
   }
   const auto layer_t1 = TraceClock::now();
+  // The end mark goes behind the layer's work at once, before the lock is waited for (the
+  // backend's layer marks are this thread's alone: DeviceBackend::layer_began).
+  if (timed) m.backend->layer_ended(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
   if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
   lk.lock();
-  if (timed) {
-    m.backend->layer_ended(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
-    take_layer_times(m, false);
-  }
+  if (timed) take_layer_times(m, false);
   m.meter.note_reach();
   m.lender.measure(m.running_layer);
   m.running_layer = -1;

@@ -31,7 +31,9 @@ namespace swapnet {
 // learned (ExecutorOptions::learn_after). Marks are used again once read (two per layer in
 // flight at most, not two made per layer per inference). A mark that fails (a device error, or
 // a libtorch whose events cannot time) stops the clock: said once, and from then on the layers go
-// untimed, so the learner sees no whole inference and the plan keeps the costs it has.
+// untimed, so the learner sees no whole inference and the plan keeps the costs it has; so does a
+// device that has not passed a mark 10 s after the inference ended (a hung kernel: the
+// executor's lock is held meanwhile, and a budget change waits for it).
 void LayerClock::began(int layer) {
   if (!off_.empty()) return;
   if (open_.start) spare(open_);  // began twice (a layer that threw): the first is void
@@ -57,21 +59,29 @@ void LayerClock::ended(int layer) {
 }
 
 void LayerClock::take(bool wait, const std::function<void(int, double)>& f) {
-  try {
-    while (!queued_.empty()) {
+  const auto deadline = std::chrono::steady_clock::now() + wait_most_;
+  while (!queued_.empty()) {
+    int layer = -1;
+    double ms = 0;
+    try {
       Span& s = queued_.front();
-      if (!s.end->passed()) {
+      while (!s.end->passed()) {
         if (!wait) return;
-        while (!s.end->passed()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw Error("the device had not done layer " + std::to_string(s.layer) + " after " +
+                      std::to_string(wait_most_.count()) + " ms");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
-      const double ms = s.end->ms_since(*s.start);
-      const int layer = s.layer;
+      ms = s.end->ms_since(*s.start);
+      layer = s.layer;
       spare(s);
       queued_.pop_front();
-      f(layer, ms);
+    } catch (const std::exception& e) {
+      stop(e.what());
+      return;
     }
-  } catch (const std::exception& e) {
-    stop(e.what());
+    f(layer, ms);  // the learner's errors are its own, not the device's
   }
 }
 

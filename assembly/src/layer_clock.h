@@ -4,6 +4,7 @@
 // backend's marks are CUDA events (device_backend.cpp), a test's are its own.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -26,7 +27,9 @@ class Mark {
 class LayerClock {
  public:
   using MakeMark = std::function<std::unique_ptr<Mark>()>;
-  explicit LayerClock(MakeMark make) : make_(std::move(make)) {}
+  // `wait_most`: how long take(wait) waits for the device to pass a mark before it stops the clock.
+  explicit LayerClock(MakeMark make, std::chrono::milliseconds wait_most = std::chrono::seconds(10))
+      : make_(std::move(make)), wait_most_(wait_most) {}
 
   // The calling thread is about to queue layer `layer`'s work / has queued it.
   void began(int layer);
@@ -52,6 +55,7 @@ class LayerClock {
   void stop(const std::string& why);
 
   MakeMark make_;
+  std::chrono::milliseconds wait_most_;
   Span open_;                // began, not yet ended
   std::deque<Span> queued_;  // ended, not yet taken
   std::vector<std::unique_ptr<Mark>> spare_;

@@ -324,6 +324,7 @@ struct ExecutorHolder : torch::CustomClassHolder {
     const Executor::PipelineStats ps = ex->pipeline_stats();
     const Executor::Learning learning = ex->learning();
     return json{{"image", image},
+                {"unswapped_inferences", unswapped},
                 // Note [Layer by layer] in read_ahead.cpp, since open: waiting for reads, layers
                 // run while the rest of their block landed, ring bytes given back early.
                 {"read_wait_ms", ps.read_wait_ms},

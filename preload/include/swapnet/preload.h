@@ -47,7 +47,8 @@
 //   SWAPNET_CONTROL=PATH|default     the budget at run time, as `swapnet serve` takes it
 //                                    (`swapnet ctl --socket PATH budget 40MiB`); several swapped
 //                                    models share a new total in proportion to their budgets
-//                                    (one that runs as loaded normally has no share; `ctl
+//                                    (one that runs as loaded normally has no share: its
+//                                    memory is the whole model's, outside the total; `ctl
 //                                    status` says "loaded_normally" and "unswapped_requests").
 //   SWAPNET_LEARN=N                  every N inferences (default 3; 0: never) the layer times and
 //                                    read rate measured are compared with the image's and the
