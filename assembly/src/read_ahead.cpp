@@ -99,19 +99,19 @@ void BlockCursor::advance() {
     rd_next = true;
   }
 }
-// Submits every read the ring (and the cursor's limits) allow now. GPU: with `may_wait`, waits
-// for the kernels of executed blocks but the newest (which may be running now) to free space.
-void BlockCursor::pump(const Position& pos, bool may_wait) {
+// Submits every read the ring (and the cursor's limits) allow now. GPU: waits for the kernels
+// `wait` says to free space.
+void BlockCursor::pump(const Position& pos, KernelWait wait) {
   const int k = pos.next_layer < 0 ? 0 : pos.next_layer;
   try {
-    pump_reads(pos, may_wait);
+    pump_reads(pos, wait);
   } catch (...) {
     lender_.sync(k);
     throw;
   }
   lender_.sync(k);  // the zone's floor follows the blocks held
 }
-void BlockCursor::pump_reads(const Position& pos, bool may_wait) {
+void BlockCursor::pump_reads(const Position& pos, KernelWait wait) {
   if (pos.stopped || w_.plan.blocks.empty()) return;
   // A streamed block's pieces whose bytes are free now; blocks that overlap nothing held may
   // still go after it (Note [Streaming into the ring]).
@@ -137,7 +137,7 @@ void BlockCursor::pump_reads(const Position& pos, bool may_wait) {
       f.at = f.bytes > 0 ? w_.kept->base() + w_.kept_at[b] + (offset(f.first) - offset(bf)) : zero_page();
       if (f.first == bf) w_.kept_state[b] = Weights::Kept::kLoading;
     } else if (f.bytes > 0) {
-      const Step step = place_in_ring(f, pos, may_wait, streaming);
+      const Step step = place_in_ring(f, pos, wait, streaming);
       if (step == Step::kStop) return;
       if (step == Step::kNext) continue;
     }
@@ -158,10 +158,10 @@ Fetch BlockCursor::cursor_fetch() const {
   f.order = fetch_order_ + 1;
   return f;
 }
-// A block with bytes, not resident: its place in the ring, waiting (with `may_wait`) for the
+// A block with bytes, not resident: its place in the ring, waiting (as `wait` says) for the
 // kernels of executed blocks to free it; where there is none, streamed into it. kGoOn: placed,
 // its reads to submit; kNext: streamed and queued, the cursor on; kStop: the cursor stops.
-BlockCursor::Step BlockCursor::place_in_ring(Fetch& f, const Position& pos, bool may_wait, bool& streaming) {
+BlockCursor::Step BlockCursor::place_in_ring(Fetch& f, const Position& pos, KernelWait wait, bool& streaming) {
   const auto [bf, bl] = w_.plan.blocks[f.block];
   // The block kept in part (Note [Keeping part of a block]): read from its first layer
   // (never trimmed), its rest at the ring's first byte; whole (into the kept bytes too)
@@ -175,7 +175,10 @@ BlockCursor::Step BlockCursor::place_in_ring(Fetch& f, const Position& pos, bool
     f.skip = w_.retained_valid && checks_for(bf, bl).empty() ? kept : 0;
   }
   backend_.reclaim(*w_.ring, false);
-  while (may_wait && !w_.ring->fits(f.bytes) && backend_.pending() > 1) backend_.reclaim(*w_.ring, true, true);
+  const std::size_t may_run = wait == KernelWait::kOlder ? 1 : 0;  // the newest block's kernels
+  while (wait != KernelWait::kNone && !w_.ring->fits(f.bytes) && backend_.pending() > may_run) {
+    backend_.reclaim(*w_.ring, true, true);
+  }
   char* at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept) : w_.ring->push(f.bytes, ring_limit(pos, f)));
   if (at == nullptr) return stream_into_ring(f, pos, keeps, kept, streaming);
   f.at = at - kept;
@@ -386,17 +389,13 @@ void BlockCursor::cancel_executing() {
 // Waits for the front fetch, which must be block `b` of this inference.
 const Fetch& BlockCursor::take(int b, const Position& pos) {
   has_cur_ = false;
-  if (fetches_.empty()) pump(pos, true);  // GPU: its space may have waited for kernels to finish
-  if (fetches_.empty() && w_.ring && backend_.pending() > 0) {
-    // GPU: the room block b needs is held by the newest executed block, whose kernels may still
-    // run (pump waits only for those before it). Nothing else can free it, and this thread needs
-    // b now: wait for them all. Where the pair (that block, b) is not one the plan was sized for
-    // (the first block of the next inference after the last, or after a re-plan), this is
-    // where the two-ended ring waits; found with the CUDA backend's host twin (Note [The CUDA
-    // backend's host twin]: the Runtime's deadline test failed "not read ahead in order").
-    backend_.reclaim(*w_.ring, true);
-    pump(pos, true);
-  }
+  // GPU: its room may be held by executed blocks whose kernels still run, the newest among them
+  // (pump(may_wait) leaves that one running). Nothing else can free it, and this thread needs b
+  // now: wait for as many as it takes. Where the pair (the newest, b) is not one the plan was
+  // sized for (the first block of the next inference after the last, or after a re-plan), this
+  // is where the two-ended ring waits; found with the CUDA backend's host twin (Note [The CUDA
+  // backend's host twin]: the Runtime's deadline test failed "not read ahead in order").
+  if (fetches_.empty()) pump(pos, KernelWait::kAll);
   if (fetches_.empty() || fetches_.front().block != b || fetches_.front().next) {
     throw Error(path_ + ": internal: block " + std::to_string(b) + " was not read ahead in order");
   }

@@ -82,7 +82,7 @@ class BlockCursor {
 
   // Submits every read the ring (and the cursor's limits) allow now; the zone's floor follows.
   // GPU: with `may_wait`, waits for the kernels of executed blocks but the newest to free space.
-  void pump(const Position& pos, bool may_wait = false);
+  void pump(const Position& pos, bool may_wait = false) { pump(pos, may_wait ? KernelWait::kOlder : KernelWait::kNone); }
   // Waits for the front fetch, which must be block `b` of this inference, and makes it the
   // executing one: whole, or (runs_by_layer) its first layer's pieces.
   const Fetch& take(int b, const Position& pos);
@@ -127,12 +127,17 @@ class BlockCursor {
   std::vector<BlockReader::Check> checks_for(int first, int last) const;
   void mark_verified(int first, int last);
   void advance();
-  void pump_reads(const Position& pos, bool may_wait);
+  // GPU: which executed blocks' kernels pump may wait for, to free ring space: none, all but the
+  // newest (which may be running now; the host goes on queueing meanwhile), or all (take(): the
+  // thread needs the next block now, and nothing else can free its room).
+  enum class KernelWait { kNone, kOlder, kAll };
+  void pump(const Position& pos, KernelWait wait);
+  void pump_reads(const Position& pos, KernelWait wait);
   // pump_reads' steps: what the cursor does after a block (kGoOn: submit its reads; kNext: the
   // next block; kStop: the cursor stops here).
   enum class Step { kGoOn, kStop, kNext };
   Fetch cursor_fetch() const;
-  Step place_in_ring(Fetch& f, const Position& pos, bool may_wait, bool& streaming);
+  Step place_in_ring(Fetch& f, const Position& pos, KernelWait wait, bool& streaming);
   Step stream_into_ring(Fetch& f, const Position& pos, bool keeps, std::uint64_t kept, bool& streaming);
   void submit(Fetch& f);
   void trace_submitted(const Fetch& f);
