@@ -62,9 +62,9 @@ class HostBackend : public DeviceBackend {
   void block_done(BlockRing& ring) override { ring.pop(); }
   void layer_ended(int layer, double host_ms) override { times_.emplace_back(layer, host_ms); }
   void take_layer_times(bool, const std::function<void(int, double)>& f) override {
-    std::vector<std::pair<int, double>> now;
-    now.swap(times_);
-    for (const auto& [layer, ms] : now) f(layer, ms);
+    taking_.clear();
+    taking_.swap(times_);  // handed over once even if `f` throws; both keep their capacity
+    for (const auto& [layer, ms] : taking_) f(layer, ms);
   }
   void forget_layer_times() override { times_.clear(); }
 
@@ -72,7 +72,8 @@ class HostBackend : public DeviceBackend {
   explicit HostBackend(Caps caps) : DeviceBackend(caps, c10::Device(c10::DeviceType::CPU)) {}
 
  private:
-  std::vector<std::pair<int, double>> times_;  // ended, not yet taken
+  std::vector<std::pair<int, double>> times_;   // ended, not yet taken
+  std::vector<std::pair<int, double>> taking_;  // being handed over
 };
 
 DeviceBackend::Caps cuda_caps();
@@ -211,7 +212,12 @@ class CudaBackend final : public DeviceBackend {
     }
   }
   void block_done(BlockRing&) override {
-    pending_.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
+    if (spare_.empty()) {
+      pending_.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
+    } else {  // recorded again: an event per block in flight, not one made per block
+      pending_.push_back(std::move(spare_.back()));
+      spare_.pop_back();
+    }
     pending_.back()->record(stream());
   }
   void reclaim(BlockRing& ring, bool wait, bool one) override {
@@ -220,6 +226,7 @@ class CudaBackend final : public DeviceBackend {
         if (!wait) return;
         while (!pending_.front()->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
+      spare_.push_back(std::move(pending_.front()));
       pending_.pop_front();
       ring.pop();
       if (one) return;
@@ -238,6 +245,7 @@ class CudaBackend final : public DeviceBackend {
  private:
   c10::Stream stream() const { return CudaMark::current_stream(); }
   std::deque<std::unique_ptr<c10::Event>> pending_;  // per executed swapped block not yet popped
+  std::vector<std::unique_ptr<c10::Event>> spare_;   // passed, to be recorded again
   LayerClock clock_{[] { return std::make_unique<CudaMark>(); }};
 };
 
