@@ -112,8 +112,10 @@ Scenario scenario_for(const std::string& path, const ServeOptions& o) {
 // - a central scheduler's workers: one, whose blocks run on every core the process may run on
 //   (usable_cores()) as intra-op threads: the policy's order is then the order blocks run in,
 //   and a block's time is its own, not what shares the cores with it;
-// - each model's intra-op threads: the cores over the workers (central) or over the models
-//   (`threads`).
+// - each model's intra-op threads: --threads where the user gave it (the scenario's own
+//   "threads" still wins for its model), else the cores over the workers (central) or over the
+//   models (`threads`). --threads also sets the threads of the direct runs that `--load`
+//   measures, so the load is one of the machine the user allows.
 // Measured 2026-11-27 (self_driving_slo.json at load 0.9, 30 s, bench/scheduler_sweep.sh, the
 // variants interleaved): one worker on both cores met 0.65 of the deadlines; two one-thread
 // workers 0.17 (two one-thread blocks at once each ran ~2x slower than alone on this VM's two
@@ -121,7 +123,7 @@ Scenario scenario_for(const std::string& path, const ServeOptions& o) {
 // no throughput, and the contention made every estimate, and so every drop, wrong; resnet101
 // met none of 60); `threads` 0.01. An earlier default, one worker on one thread, used one core
 // of two (0.175 on a scenario of resnet101 and yolov3).
-std::string choose_defaults(Scenario& s) {
+std::string choose_defaults(Scenario& s, int cli_threads) {
   std::string said;
   auto say = [&](const std::string& what) { said += (said.empty() ? "" : ", ") + what; };
   if (s.scheduler.empty()) {
@@ -139,14 +141,16 @@ std::string choose_defaults(Scenario& s) {
   RuntimeOptions ro;  // the runtime's own rule (Note [A model's threads from the machine])
   ro.scheduler = s.scheduler;
   ro.workers = s.workers;
-  const int per_model = default_intra_op_threads(ro, s.models.size());
+  const int per_model = cli_threads > 0 ? cli_threads : default_intra_op_threads(ro, s.models.size());
   bool threads_chosen = false;
   for (auto& m : s.models) {
     if (m.rt.threads != 0) continue;
     m.rt.threads = per_model;
     threads_chosen = true;
   }
-  if (threads_chosen) {
+  if (threads_chosen && cli_threads > 0) {
+    say(std::to_string(per_model) + " intra-op thread(s) per model (--threads)");
+  } else if (threads_chosen) {
     say(std::to_string(per_model) + " intra-op thread(s) per model (" + std::to_string(cores) + " cores over " +
         std::to_string(over) + (central ? " worker" + std::string(over == 1 ? "" : "s") + ")" : " models)"));
   }
@@ -199,7 +203,7 @@ void measure_direct(ServeSetup* setup) {
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < s.models.size(); ++i) {
       ScenarioModel whole = s.models[i];
-      whole.rt.threads = usable_cores();
+      whole.rt.threads = setup->direct_threads;
       double ms = 0;
       (void)direct_output(whole, setup->infos[i], setup->inputs[i], 3, &ms);
       double& best = setup->load.direct_ms[i];
@@ -233,7 +237,8 @@ ServeSetup set_up(const std::string& path, const Common& c, const ServeOptions& 
   ServeSetup setup;
   setup.s = scenario_for(path, o);
   // Note [Serve's defaults]: said on stderr (stdout may be --json).
-  const std::string chose = choose_defaults(setup.s);
+  const std::string chose = choose_defaults(setup.s, c.threads);
+  setup.direct_threads = c.threads > 0 ? c.threads : usable_cores();
   if (!chose.empty()) std::fprintf(stderr, "swapnet: serve chose %s\n", chose.c_str());
   const std::uint64_t whole = open_images(path, c, o, &setup);
   resolve_budgets(path, whole, &setup);

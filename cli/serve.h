@@ -41,6 +41,7 @@ struct ServeSetup {
   LoadInfo load;
   double warmup_s = 0;  // arrivals before this are not counted
   int warmup_inferences = 0;  // per model, before the first arrival (Note [Warm-up inferences])
+  int direct_threads = 1;     // intra-op threads of the direct runs --load measures (Note [Serve's defaults])
   Scenario s;
   std::vector<ImageInfo> infos;                            // per model, as its image records
   std::uint64_t total = 0;                                 // the initial total budget, bytes

@@ -168,6 +168,12 @@ def main() -> int:
     j = json.loads(out) if rc == 0 else {}
     expect(rc == 0 and j["workers"] == 2 and all(m["threads"] == max(1, cores // 2) for m in j["models"])
            and "1 worker" not in err, f"--workers 2: rc {rc}: {err!r}")
+    # --threads is the user's word for every model the scenario gives no threads (it once only
+    # set the device profile's threads while the models ran on the cores over the workers).
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check", "--threads", "1", "--duration", "1")
+    j = json.loads(out) if rc == 0 else {}
+    expect(rc == 0 and all(m["threads"] == 1 for m in j["models"])
+           and "1 intra-op thread(s) per model (--threads)" in err, f"--threads 1: rc {rc}: {j.get('models')} {err!r}")
 
     # Note [Load and run rules]: --load scales the periods to the machine (direct latencies
     # measured first, said on stderr), a warm-up not counted; Note [Budget traces]: a sawtooth of
