@@ -94,7 +94,7 @@ class CudaTwinBackend final : public HostBackend {
  public:
   CudaTwinBackend() : HostBackend(twin_caps()) {}
   const char* name() const override { return "cuda-twin"; }
-  void configure(const std::string& image, ExecutorOptions*) override {  // two blocks: effective_read_ahead
+  void configure(const std::string& image, ExecutorOptions*) override {  // two blocks: Caps::deep_ring
     log_once(LogLevel::kWarn, "cuda_twin",
              image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
   }
@@ -113,14 +113,14 @@ class CudaTwinBackend final : public HostBackend {
   void idle(BlockRing* ring) override {
     if (ring != nullptr) reclaim(*ring, true, false);
   }
-
- private:
   static Caps twin_caps() {
     Caps c = cuda_caps();
     c.learns = true;      // the host's times
     c.host_pages = true;  // host memory
     return c;
   }
+
+ private:
   std::deque<bool> pending_;  // per executed swapped block not yet popped: whether its "kernels" are done
 };
 
@@ -147,6 +147,7 @@ DeviceBackend::Caps cuda_caps() {
   c.sheds = false;
   c.meters_activations = false;
   c.host_pages = false;
+  c.deep_ring = false;  // Note [Swapping onto the GPU]
   return c;
 }
 
@@ -249,8 +250,6 @@ class CudaBackend final : public DeviceBackend {
   LayerClock clock_{[] { return std::make_unique<CudaMark>(); }};
 };
 
-}  // namespace
-
 bool cuda_twin() {
   static const bool twin = [] {
     const char* v = std::getenv("SWAPNET_DEVICE_TWIN");
@@ -262,14 +261,21 @@ bool cuda_twin() {
   return twin;
 }
 
-std::unique_ptr<DeviceBackend> make_host_backend() {
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_backend(const std::string& image, const ExecutorOptions& o) {
+  if (o.device == ExecutorOptions::Device::kCUDA) {
+    require_cuda(image);
+    return std::make_unique<CudaBackend>();
+  }
   if (cuda_twin()) return std::make_unique<CudaTwinBackend>();
   return std::make_unique<HostBackend>();
 }
 
-std::unique_ptr<DeviceBackend> make_cuda_backend(const std::string& image) {
-  require_cuda(image);
-  return std::make_unique<CudaBackend>();
+DeviceBackend::Caps backend_caps(const ExecutorOptions& o) {
+  if (o.device == ExecutorOptions::Device::kCUDA) return cuda_caps();
+  if (cuda_twin()) return CudaTwinBackend::twin_caps();
+  return DeviceBackend::Caps{};
 }
 
 }  // namespace swapnet

@@ -39,6 +39,9 @@ class DeviceBackend {
     bool meters_activations = true;
     // Weight memory is host pages whose residency mincore can count.
     bool host_pages = true;
+    // The ring may read ahead as many blocks as the budget holds (Note [Read-ahead ring]);
+    // else two blocks, one at each end of the arena (Note [Swapping onto the GPU]).
+    bool deep_ring = true;
   };
 
   virtual ~DeviceBackend() = default;
@@ -90,12 +93,13 @@ class DeviceBackend {
   c10::Device device_;
 };
 
-// The host: layers run on the calling thread, on host memory; with SWAPNET_DEVICE_TWIN=cuda
-// (cuda_twin()), the CUDA backend's pipeline there (Note [The CUDA backend's host twin]).
-std::unique_ptr<DeviceBackend> make_host_backend();
-bool cuda_twin();
-// The first CUDA device (ExecutorOptions::Device::kCUDA); throws Error naming `image` where there
-// is none (require_cuda).
-std::unique_ptr<DeviceBackend> make_cuda_backend(const std::string& image);
+// The backend for the device `o` names: the host (layers run on the calling thread, on host
+// memory; with SWAPNET_DEVICE_TWIN=cuda the CUDA backend's pipeline there, Note [The CUDA
+// backend's host twin]) or the first CUDA device (throws Error naming `image` where there is
+// none: require_cuda). Not configured yet.
+std::unique_ptr<DeviceBackend> make_backend(const std::string& image, const ExecutorOptions& o);
+// The Caps of the backend make_backend would give for `o`, known before there is one: plans and
+// minimum budgets are made from the options alone (effective_read_ahead in planning.cpp).
+DeviceBackend::Caps backend_caps(const ExecutorOptions& o);
 
 }  // namespace swapnet

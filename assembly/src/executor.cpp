@@ -94,8 +94,7 @@ Opened open_device(const std::string& image, const ImageInfo& info, const Execut
   Opened o;
   o.opt = options;
   {
-    std::unique_ptr<DeviceBackend> backend =
-        options.device == ExecutorOptions::Device::kCUDA ? make_cuda_backend(image) : make_host_backend();
+    std::unique_ptr<DeviceBackend> backend = make_backend(image, options);
     backend->configure(image, &o.opt);  // may refuse: then the executor never held it
     o.backend = std::move(backend);
   }

@@ -78,13 +78,12 @@ bool host_blocks(const ExecutorOptions& o) {
   return o.device == ExecutorOptions::Device::kCPU && o.memory != MemoryKind::kRegistered;
 }
 
-// The pipeline an executor with these options runs: the deep ring is for host memory (the GPU
-// paths keep two blocks, Note [Swapping onto the GPU]).
+// The pipeline an executor with these options runs: the deep ring is for host memory, where its
+// backend has one (Caps::deep_ring; the GPU paths keep two blocks, Note [Swapping onto the GPU]).
 ReadAhead effective_read_ahead(const ExecutorOptions& o) {
   if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
-  // The CUDA backend's host twin runs the GPU's pipeline (Note [The CUDA backend's host twin]).
-  const bool host = host_blocks(o) && !cuda_twin();
-  return host && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
+  const bool deep = host_blocks(o) && backend_caps(o).deep_ring;
+  return deep && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
 }
 
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
