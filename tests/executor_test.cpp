@@ -460,9 +460,11 @@ TEST(Executor, ATraceShowsEveryLayerAndEveryByteRead) {
 
 TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   Packed pk = packed("resnet18", {1, 3, 64, 64});
-  torch::jit::Module& m = pk.m;
-  const std::string& img = pk.img;
   ImageInfo& info = pk.info;
+  // A copy: the packed image is the process's, shared with the tests after this one (Note
+  // [Packed once per process]).
+  const std::string img = pk.img + ".corrupt";
+  test_util::spit(img, test_util::slurp(pk.img));
   {
     FILE* f = std::fopen(img.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
@@ -477,6 +479,7 @@ TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   auto ex = Executor::open(img, o);
   std::string e = error_of([&] { ex->forward({torch::randn({1, 3, 64, 64})}); });
   EXPECT_NE(e.find("checksum mismatch in layer 10 (" + info.layers[10].name + ")"), std::string::npos) << e;
+  std::remove(img.c_str());
 }
 
 }  // namespace
