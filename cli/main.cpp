@@ -285,6 +285,9 @@ CLI::App* add_serve(CLI::App& app, Args& a) {
                     "from the first inference of the next serve");
   serve->add_flag("!--no-check", a.so.check, "do not compare outputs with direct inference");
   add_common(serve, a.common, false, false);
+  serve->get_option("--threads")->description(
+      "intra-op threads of every model the scenario gives none (default: the cores over a central scheduler's "
+      "workers, or over the models under threads)");
   return serve;
 }
 
