@@ -62,9 +62,8 @@ class HostBackend : public DeviceBackend {
   void block_done(BlockRing& ring) override { ring.pop(); }
   void layer_ended(int layer, double host_ms) override { times_.emplace_back(layer, host_ms); }
   void take_layer_times(bool, const std::function<void(int, double)>& f) override {
-    taking_.clear();
-    taking_.swap(times_);  // handed over once even if `f` throws; both keep their capacity
-    for (const auto& [layer, ms] : taking_) f(layer, ms);
+    for (const auto& [layer, ms] : times_) f(layer, ms);
+    times_.clear();  // keeps its capacity: no allocation per inference
   }
   void forget_layer_times() override { times_.clear(); }
 
@@ -72,8 +71,7 @@ class HostBackend : public DeviceBackend {
   explicit HostBackend(Caps caps) : DeviceBackend(caps, c10::Device(c10::DeviceType::CPU)) {}
 
  private:
-  std::vector<std::pair<int, double>> times_;   // ended, not yet taken
-  std::vector<std::pair<int, double>> taking_;  // being handed over
+  std::vector<std::pair<int, double>> times_;  // ended, not yet taken
 };
 
 DeviceBackend::Caps cuda_caps();
@@ -98,18 +96,16 @@ class CudaTwinBackend final : public HostBackend {
     log_once(LogLevel::kWarn, "cuda_twin",
              image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
   }
-  void block_done(BlockRing&) override {
-    for (auto it = pending_.begin(); it != pending_.end(); ++it) *it = true;  // done once the next is queued
-    pending_.push_back(false);
-  }
+  void block_done(BlockRing&) override { ++pending_; }
+  // Every pending block but the newest is done: its "kernels" are done once the next is queued.
   void reclaim(BlockRing& ring, bool wait, bool one) override {
-    while (!pending_.empty() && (wait || pending_.front())) {
-      pending_.pop_front();
+    while (pending_ > 0 && (wait || pending_ > 1)) {
+      --pending_;
       ring.pop();
       if (one) break;
     }
   }
-  std::size_t pending() const override { return pending_.size(); }
+  std::size_t pending() const override { return pending_; }
   void idle(BlockRing* ring) override {
     if (ring != nullptr) reclaim(*ring, true, false);
   }
@@ -121,7 +117,7 @@ class CudaTwinBackend final : public HostBackend {
   }
 
  private:
-  std::deque<bool> pending_;  // per executed swapped block not yet popped: whether its "kernels" are done
+  std::size_t pending_ = 0;  // executed swapped blocks not yet popped
 };
 
 // A CUDA event with timing on the current stream (Note [Timing layers on the GPU]).
@@ -263,18 +259,38 @@ bool cuda_twin() {
 
 }  // namespace
 
+namespace {
+
+enum class BackendKind { kHost, kTwin, kCuda };
+BackendKind backend_kind(const ExecutorOptions& o) {
+  if (o.device == ExecutorOptions::Device::kCUDA) return BackendKind::kCuda;
+  return cuda_twin() ? BackendKind::kTwin : BackendKind::kHost;
+}
+
+}  // namespace
+
 std::unique_ptr<DeviceBackend> make_backend(const std::string& image, const ExecutorOptions& o) {
-  if (o.device == ExecutorOptions::Device::kCUDA) {
-    require_cuda(image);
-    return std::make_unique<CudaBackend>();
+  switch (backend_kind(o)) {
+    case BackendKind::kCuda:
+      require_cuda(image);
+      return std::make_unique<CudaBackend>();
+    case BackendKind::kTwin:
+      return std::make_unique<CudaTwinBackend>();
+    case BackendKind::kHost:
+      break;
   }
-  if (cuda_twin()) return std::make_unique<CudaTwinBackend>();
   return std::make_unique<HostBackend>();
 }
 
 DeviceBackend::Caps backend_caps(const ExecutorOptions& o) {
-  if (o.device == ExecutorOptions::Device::kCUDA) return cuda_caps();
-  if (cuda_twin()) return CudaTwinBackend::twin_caps();
+  switch (backend_kind(o)) {
+    case BackendKind::kCuda:
+      return cuda_caps();
+    case BackendKind::kTwin:
+      return CudaTwinBackend::twin_caps();
+    case BackendKind::kHost:
+      break;
+  }
   return DeviceBackend::Caps{};
 }
 

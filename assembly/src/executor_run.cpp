@@ -153,7 +153,9 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   if (timed) m.backend->layer_ended(m.running_layer, std::chrono::duration<double, std::milli>(layer_t1 - layer_t0).count());
   if (tracing()) trace_span(m.tgroup, TraceLane::kCompute, "layer", m.running_layer, layer_t0, layer_t1, "block", b);
   lk.lock();
-  if (timed) take_layer_times(m, false);
+  // Where layers run asynchronously their times come back as the device passes them (Note
+  // [Timing layers on the GPU]); the host's are all handed over at finish().
+  if (timed && m.caps().async) take_layer_times(m, false);
   m.meter.note_reach();
   m.lender.measure(m.running_layer);
   m.running_layer = -1;
@@ -307,8 +309,10 @@ c10::IValue Executor::finish() {
   const bool measured_input = m.meter.measuring();
   end_measuring(m, true);  // re-plans with the reserve this input needs
   try {
-    // Note [Timing layers on the GPU]: the learner sees the inference whole.
-    if (learns(m)) take_layer_times(m, true);
+    // Note [Timing layers on the GPU]: the learner sees the inference whole. One that measured
+    // its input is not learned from (learn_costs): its times are dropped, not waited for.
+    if (learns(m) && measured_input) m.backend->forget_layer_times();
+    else if (learns(m)) take_layer_times(m, true);
     learn_costs(m, !measured_input);
   } catch (const std::exception& e) {  // never this inference's failure: the plan in force stays
     log(LogLevel::kWarn, m.path + ": learning the costs failed, the plan stays: " + e.what());
