@@ -18,19 +18,24 @@ import collections
 import math
 import statistics
 
+import estimates_replay
+
 
 def load(path):
-    rows, warm = [], None
+    """The log's block rows in time order (estimates_replay.load), and when serve's warm-up ended:
+    the last block logged before its "serve warmed up" line (0: no such line)."""
+    rows = estimates_replay.load(path)
+    before = None
     with open(path) as f:
+        n = 0
         for line in f:
-            if "serve warmed up" in line and warm is None:
-                warm = rows[-1]["t"] if rows else 0.0
-            if "block: " not in line:
-                continue
-            d = dict(kv.split("=", 1) for kv in line.split("block: ", 1)[1].split())
-            rows.append({k: (v if k in ("model", "resident") else float(v)) for k, v in d.items()})
+            if "serve warmed up" in line:
+                before = n
+                break
+            n += "block: " in line
+    warm = rows[before - 1]["t"] if before else 0.0
     rows.sort(key=lambda r: r["t"])
-    return rows, warm or 0.0
+    return rows, warm
 
 
 def steps(rows, warm, step_ms, expected):
