@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "swapnet/swapcore.h"
@@ -59,7 +60,7 @@ void LayerClock::ended(int layer) {
 }
 
 void LayerClock::take(bool wait, const std::function<void(int, double)>& f) {
-  const auto deadline = std::chrono::steady_clock::now() + wait_most_;
+  std::optional<std::chrono::steady_clock::time_point> deadline;  // the first wait sets it
   while (!queued_.empty()) {
     int layer = -1;
     double ms = 0;
@@ -67,7 +68,9 @@ void LayerClock::take(bool wait, const std::function<void(int, double)>& f) {
       Span& s = queued_.front();
       while (!s.end->passed()) {
         if (!wait) return;
-        if (std::chrono::steady_clock::now() > deadline) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!deadline) deadline = now + wait_most_;
+        if (now > *deadline) {
           throw Error("the device had not done layer " + std::to_string(s.layer) + " after " +
                       std::to_string(wait_most_.count()) + " ms");
         }
