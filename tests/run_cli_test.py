@@ -128,6 +128,20 @@ def main() -> int:
             expect(j.get("read_ahead") == "two-ended" and j["num_blocks"] >= 2, f"twin: {j.get('read_ahead')}, {j['num_blocks']} blocks")
             expect(j["learning"]["windows"] >= 1 and j["learning"]["measured_layers_ms"] > 0, f"twin learning: {j['learning']}")
             expect("SWAPNET_DEVICE_TWIN=cuda" in err, "twin: said")
+        # Layer by layer in the two-block ring (Note [Layer by layer]): on a disk slower than the
+        # CPU's compute, layers start before their block has landed whole; nothing is given back
+        # early (a GPU's kernels may still read the bytes).
+        slow = dict(twin, SWAPNET_EMULATE_READ="150MB/s")
+        rc, out, err = run(cli, "run", img, "--budget", str(tb), "--check", "--iters", "2", "--json", env=slow)
+        expect(rc == 0, f"twin, slow disk: run --check exit {rc}: {err[-400:]}")
+        if rc == 0:
+            j = json.loads(out)
+            p = j["pipeline"]
+            print("twin, slow disk:", json.dumps({k: p.get(k) for k in ("layers_started_early", "released_early_bytes",
+                                                                         "read_wait_ms")}))
+            expect(j["equal"] is True and 0 < j["peak_model_bytes"] <= tb, f"twin, slow disk: outputs or peak {j['peak_model_bytes']} > {tb}")
+            expect(p["layers_started_early"] > 0 and p["released_early_bytes"] == 0,
+                   f"twin, slow disk: layer by layer: {p}")
     gpu = bool(os.environ.get("SWAPNET_EXPECT_GPU"))
     if name not in ("synthetic", "resnet18") and not gpu:
         print(f"{name}: budget {budget}, minimum {minimum}")

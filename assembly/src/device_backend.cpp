@@ -28,11 +28,13 @@ namespace swapnet {
 // when the layer returns), and waiting for the device before the ring changes. What a backend
 // cannot do follows from that and is stated in its Caps: the CUDA backend's layers do not run
 // on the calling thread, so it times them with events where they run (Note [Timing layers on
-// the GPU] in layer_clock.cpp; libtorch 2.x), cannot run them as their bytes land
-// or shed the bytes a running layer does not read; its activations live in PyTorch's caching
+// the GPU] in layer_clock.cpp; libtorch 2.x), and cannot give a running block's bytes back
+// as its layers end or shed the bytes a running layer does not read (its kernels may still
+// read them; it queues a layer's kernels once the layer's pieces landed, as the host runs it:
+// Note [Layer by layer] in read_ahead.cpp); its activations live in PyTorch's caching
 // allocator, which the CPU meter does not count, so new input shapes are refused and the
-// activation reserve is not lent. Each of these is a capability a CUDA backend can gain (a
-// stream wait per piece to run layers as they land) without the pipeline changing: issue 47.
+// activation reserve is not lent. Each of these is a capability a CUDA backend can gain
+// without the pipeline changing: issue 47.
 //
 // Note [Swapping onto the GPU]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -79,7 +81,7 @@ DeviceBackend::Caps cuda_caps();
 // Note [The CUDA backend's host twin]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The GPU's pipeline differs from the CPU's in its Caps (asynchronous hand-back of a block's ring
-// space, whole blocks, no lending or shedding) and its read-ahead (two blocks: Note [Swapping
+// space, whole, not layer by layer; no lending or shedding) and its read-ahead (two blocks: Note [Swapping
 // onto the GPU]), not in code: SWAPNET_DEVICE_TWIN=cuda runs an executor on the CPU with exactly
 // those, so that what the GPU path's structure costs can be measured and changed where no GPU
 // is. Its layers run on the CPU (its tensors, memory and times are the host's), and a block's
@@ -138,7 +140,7 @@ class CudaMark final : public Mark {
 DeviceBackend::Caps cuda_caps() {
   DeviceBackend::Caps c;
   c.async = true;
-  c.layer_by_layer = false;
+  c.frees_by_layer = false;
   c.learns = compat::kEventsTime;  // Note [Timing layers on the GPU]
   c.sheds = false;
   c.meters_activations = false;

@@ -25,9 +25,10 @@ class DeviceBackend {
     // Kernels run asynchronously: a swapped block's ring space goes once the kernels reading it
     // are done, and the cursor may wait for the oldest of them (reclaim).
     bool async = false;
-    // A block's layers run as their pieces land and give their bytes back as they end (Note
-    // [Layer by layer]): the compute thread must be where the layers run.
-    bool layer_by_layer = true;
+    // A running block's ring bytes go back as its layers end (Note [Layer by layer]): the
+    // layers are done when the compute thread's call returns. (Every backend runs a block's
+    // layers as their pieces land: on a GPU their kernels are queued then.)
+    bool frees_by_layer = true;
     // Layer times can be measured where the layers run (Note [Learning the costs in service];
     // on a GPU, Note [Timing layers on the GPU] in layer_clock.cpp).
     bool learns = true;

@@ -153,7 +153,9 @@ std::unique_ptr<Executor> Executor::open(const std::string& image, const Executo
   ExecutionPlan p = m.planner->first_plan();
   m.cursor = std::make_unique<BlockCursor>(
       image, m.info,
-      BlockCursor::Config{m.opt.verify, m.opt.stream, m.opt.read_past_streamed, m.opt.layer_by_layer,
+      // The paper's pipeline (for comparison) runs whole blocks, as the paper does.
+      BlockCursor::Config{m.opt.verify, m.opt.stream, m.opt.read_past_streamed,
+                          m.opt.layer_by_layer && options.read_ahead != ReadAhead::kPaper,
                           options.read_ahead != ReadAhead::kPaper},
       m.w, *m.reader, *m.backend, m.lender);
   m.cursor->set_trace_group(m.tgroup);

@@ -340,16 +340,23 @@ void BlockCursor::drain() {
 // layer the rest of the block still reads (BlockRing::release_front_until), so a block
 // streaming over it reads on while it computes. Not with checksums to verify (a layer's
 // checksum needs it in one read: the first inference under --verify first reads whole), not
-// for the block kept in part, not on the GPU (kernels run ahead of this thread). Pieces of
-// the executing block not yet waited for are cancelled and waited for wherever reads are
-// (drain, shed, an error).
+// for the block kept in part. Pieces of the executing block not yet waited for are cancelled
+// and waited for wherever reads are (drain, shed, an error).
+//
+// The two-block ring (the GPU's: Note [Swapping onto the GPU] in device_backend.cpp) runs a
+// block's layers as its pieces land too: each piece is handed over to the device as it is
+// waited for, and a layer's kernels are queued once its pieces are in, so the GPU computes a
+// block's first layers while its last megabytes land instead of after them. Nothing is given
+// back early there (Caps::frees_by_layer: the kernels may still read the bytes, and the other
+// end of the ring is the next block's anyway); the block's end goes as a whole once its
+// kernels are done. The planner's simulation plays it the same way (simulate_ms by_layer).
 bool BlockCursor::layer_by_layer(const Fetch& f) const {
-  return cfg_.layer_by_layer && backend_.caps().layer_by_layer && w_.ring && w_.ring->deep() && !f.resident && f.block != w_.plan.retain_block &&
+  return cfg_.layer_by_layer && w_.ring && !f.resident && f.block != w_.plan.retain_block &&
          f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
 }
 // Whether a fetch's layers run as its pieces land (streamed ones too).
 bool BlockCursor::runs_by_layer(const Fetch& f) const {
-  return !f.pieces.empty() && cfg_.layer_by_layer && backend_.caps().layer_by_layer && f.block != w_.plan.retain_block;
+  return !f.pieces.empty() && cfg_.layer_by_layer && f.block != w_.plan.retain_block;
 }
 Status BlockCursor::timed_wait(const Fetch& f) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -367,9 +374,14 @@ Status BlockCursor::wait_pieces(const Fetch& f, int k) {
   if (waited_ >= need) return Status();
   const auto t0 = std::chrono::steady_clock::now();
   Status st;
+  const std::size_t from = waited_;
   for (; waited_ < need; ++waited_) {
     Status s = reader_.wait(f.pieces[waited_]);
     if (st.ok() && !s.ok()) st = s;
+  }
+  if (st.ok()) {  // the pieces that landed now, to the device (Note [Layer by layer])
+    const std::uint64_t at = f.skip + from * kPiece, end = std::min(f.bytes, f.skip + need * kPiece);
+    backend_.hand_over(w_.ring->kind(), f.at + at, end - at);
   }
   const auto t1 = std::chrono::steady_clock::now();
   stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
@@ -405,9 +417,9 @@ const Fetch& BlockCursor::take(int b, const Position& pos) {
   Fetch f = fetches_.front();
   fetches_.pop_front();
   waited_ = 0;
+  const bool by_layer = f.reads() && runs_by_layer(f);
   if (f.reads()) {
     // In pieces: only its first layer's bytes now, the rest layer by layer (step()).
-    const bool by_layer = runs_by_layer(f);
     Status st = by_layer ? wait_pieces(f, f.first) : timed_wait(f);
     if (!by_layer) waited_ = f.pieces.size();
     if (!st.ok()) {
@@ -420,7 +432,10 @@ const Fetch& BlockCursor::take(int b, const Position& pos) {
     stats_.used_bytes += f.bytes - f.skip;
     if (b == w_.plan.retain_block && !f.resident) w_.retained_valid = true;
   }
-  if (f.bytes > 0) backend_.hand_over(f.resident ? w_.kept->kind() : w_.ring->kind(), f.at, f.bytes);
+  // Read whole: to the device now; in pieces: each as it is waited for (wait_pieces).
+  if (f.bytes > 0 && !by_layer) {
+    backend_.hand_over(f.resident ? w_.kept->kind() : w_.ring->kind(), f.at, f.bytes);
+  }
   cur_ = std::move(f);
   has_cur_ = true;
   return cur_;

@@ -386,9 +386,9 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
                    std::uint64_t retained_bytes, bool by_layer, std::uint64_t lend) {
   Prefix p(layers);
   size_t swapped = 0;
-  // Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp): the deep ring only, not
-  // the block kept in part.
-  by_layer = by_layer && ring_depth == 0;
+  // Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp): the ring, deep or of
+  // two blocks (whose bytes go only when the block ends: pop), not the block kept in part.
+  by_layer = by_layer && (ring_depth == 0 || ring_depth == 2);
   const std::vector<Item> items =
       make_items(p, blocks, resident, ring_depth, m, retain_block, retained_bytes, by_layer, &swapped);
   const size_t n = items.size();

@@ -106,9 +106,9 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // older blocks free as they end, as the executor reads it (Note [Streaming into the ring] in
 // allocator/src/ring.cpp); `stream` false: it waits for its whole room (read-ahead ring-whole).
 // `retain_block` >= 0 (depth 0): the first `retained_bytes` of that swapped block are kept, the
-// rest is read at the ring's start (Partition::retain_block). `by_layer` (depth 0): a block's
-// layers run as their bytes land, and its bytes are free for a block streaming over them as its
-// layers end, as the executor does on host memory (Note [Layer by layer] in
+// rest is read at the ring's start (Partition::retain_block). `by_layer` (depth 0 or 2): a block's
+// layers run as their bytes land, and (depth 0) its bytes are free for a block streaming over
+// them as its layers end, as the executor does (Note [Layer by layer] in
 // assembly/src/read_ahead.cpp); false: block by block (read-ahead ring-blocks). `lend` (depth 0):
 // the activation reserve, after the ring's last byte, lent to blocks where the layers from the
 // one running when a block's read starts to the block's last leave it (their LayerCost peak or
