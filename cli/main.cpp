@@ -182,8 +182,9 @@ CLI::App* add_run(CLI::App& app, Args& a) {
                   "block waiting for its whole room) | ring-blocks (the same, a block's layers waiting for all "
                   "of it and holding all of it until its last layer ran) | ring-reserved (the same as ring, the activation "
                   "reserve kept for activations all the time instead of lent to blocks where they leave it) | "
-                  "ring-serial (the same as ring, nothing read after a streamed block until it is whole) | paper "
-                  "(two blocks, one inference at a time)");
+                  "ring-serial (the same as ring, nothing read after a streamed block until it is whole) | "
+                  "two-ended (two blocks at the two ends of the ring's memory, into the next inference; for "
+                  "comparison) | paper (two blocks, one inference at a time)");
   add_common(run, a.common, true, false);
   return run;
 }

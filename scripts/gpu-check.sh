@@ -7,6 +7,9 @@
 # (SWAPNET_GPU_CHECK_SECONDS, default 520), the most important first, each step bounded;
 # SWAPNET_GPU_CHECK_FOCUS=arch runs only issue 47's table: seven architectures at 1/3 and 1/2 on
 # the machine's disk and emulated at 2 and 1 GB/s (after the build; several calls: see below).
+# SWAPNET_GPU_READ_AHEAD=two-ended runs every latency cell in the two-block ring the GPU used
+# before its ring was deep (2026-11-29), for comparison; the rows say so. In the arch table,
+# SWAPNET_GPU_ARCH_PIPELINES="ring two-ended" measures both, side by side.
 # SWAPNET_GPU_LEARN=N adds --learn N to every latency cell (Note [Timing layers on the GPU]: plans
 # made with the GPU's layer times, learned in a warm-up window, instead of the image's CPU times);
 # the rows say so and carry what was learned.
@@ -247,14 +250,15 @@ table="| model | budget | hand-over | direct GPU ms | swapnet GPU ms | ratio | r
 cell() {  # NAME FRACTION [HANDOVER ROUNDS ITERS]
   local name=$1 frac=$2 how=${3:-host} rounds=${4:-3} iters=${5:-10} im b j rc
   # SWAPNET_EMULATE_READ set by the caller: a constant-rate disk (no bursts), in the row's name.
-  local tag=${SWAPNET_EMULATE_READ:+-emu${SWAPNET_EMULATE_READ//\//}}${SWAPNET_GPU_LEARN:+-learn$SWAPNET_GPU_LEARN}
-  local label="$how${SWAPNET_EMULATE_READ:+, disk emulated at $SWAPNET_EMULATE_READ}${SWAPNET_GPU_LEARN:+, costs learned (--learn $SWAPNET_GPU_LEARN)}"
+  local ra=${SWAPNET_GPU_READ_AHEAD:-ring}
+  local tag=${SWAPNET_EMULATE_READ:+-emu${SWAPNET_EMULATE_READ//\//}}${SWAPNET_GPU_LEARN:+-learn$SWAPNET_GPU_LEARN}-$ra
+  local label="$how${SWAPNET_EMULATE_READ:+, disk emulated at $SWAPNET_EMULATE_READ}${SWAPNET_GPU_LEARN:+, costs learned (--learn $SWAPNET_GPU_LEARN)}, read-ahead $ra"
   im=$(pack "$name"); b=$(( $(data_bytes "$im") / frac ))
   run_cell() {  # at $b, into $j and its .err; sets rc
     j=$detail/$name-1of$frac-$how$tag.json
     # shellcheck disable=SC2086
     SWAPNET_GPU_PREFETCH=$how timeout 120 "$cli" run "$im" --budget "$b" --device cuda --compare --check --rounds "$rounds" \
-      --iters "$iters" ${SWAPNET_GPU_LEARN:+--learn $SWAPNET_GPU_LEARN} --json > "$j" 2> "${j%.json}.err"
+      --iters "$iters" --read-ahead "$ra" ${SWAPNET_GPU_LEARN:+--learn $SWAPNET_GPU_LEARN} --json > "$j" 2> "${j%.json}.err"
     rc=$?
   }
   run_cell
@@ -274,6 +278,7 @@ j = json.load(open(path))
 d = j["direct"]["latency_ms"]["median"]
 s = j["latency_ms"]["median"]
 open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": f"1/{frac}", "budget": b, "handover": how.split(",")[0],
+    "read_ahead": j.get("read_ahead"),
     "disk": how.split("emulated at ")[-1].split(",")[0] if "emulated" in how else "the machine's",
     "direct_ms": d, "swapnet_ms": s, "ratio_vs_direct": j.get("ratio_vs_direct"), "raw_io_mb_s": j.get("raw_io_mb_s"),
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
@@ -304,13 +309,16 @@ if [ "$focus" = arch ]; then
   for rate in ${SWAPNET_GPU_ARCH_RATES:-host 2GB/s 1GB/s}; do
     for frac in ${SWAPNET_GPU_ARCH_FRACTIONS:-3 2}; do
       for name in $arch_models; do
-        [ "$(left)" -gt 40 ] || { results+=("| $name 1/$frac, disk $rate | NOT RUN | out of device time |"); continue; }
-        stamp "latency $name 1/$frac, disk $rate"
-        if [ "$rate" = host ]; then
-          cell "$name" "$frac" host 3 10
-        else
-          SWAPNET_EMULATE_READ=$rate SWAPNET_PROFILE=$detail/device-${rate//\//}.json cell "$name" "$frac" host 2 5
-        fi
+        for ra in ${SWAPNET_GPU_ARCH_PIPELINES:-ring}; do
+          [ "$(left)" -gt 40 ] || { results+=("| $name 1/$frac, disk $rate, $ra | NOT RUN | out of device time |"); continue; }
+          stamp "latency $name 1/$frac, disk $rate, read-ahead $ra"
+          if [ "$rate" = host ]; then
+            SWAPNET_GPU_READ_AHEAD=$ra cell "$name" "$frac" host 3 10
+          else
+            SWAPNET_GPU_READ_AHEAD=$ra SWAPNET_EMULATE_READ=$rate SWAPNET_PROFILE=$detail/device-${rate//\//}.json \
+              cell "$name" "$frac" host 2 5
+          fi
+        done
       done
     done
   done
@@ -368,6 +376,10 @@ for spec in "resnet101 3" "yolov3 3" "vgg19 3" "resnet101 2" "yolov3 2"; do
   [ -z "$focus" ] || [ "${spec%% *}" != vgg19 ] || continue
   [ "$(left)" -gt 40 ] || { results+=("| $spec | NOT RUN | out of device time |"); continue; }
   stamp "latency $spec"; cell $spec
+  # The two-block ring the GPU used before its ring was deep, beside it (Note [Swapping onto the GPU]).
+  if [ "$spec" = "resnet101 3" ] && [ "$(left)" -gt 40 ]; then
+    stamp "latency $spec, two-ended"; SWAPNET_GPU_READ_AHEAD=two-ended cell $spec
+  fi
 done
 
 # A disk of constant rate, Jetson-class (SWAPNET_EMULATE_READ: the reader paces its reads; Note

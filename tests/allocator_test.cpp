@@ -452,7 +452,8 @@ TEST(BlockRing, TheOldestBlockGivesBackItsFrontForTheBlockStreamingOverIt) {
   EXPECT_EQ(two->release_front_until(b + 5 * P), 0u);
 }
 
-// Memory the GPU reads in place, or a ring asked not to be deep, holds two blocks at opposite ends.
+// A ring asked not to be deep holds two blocks at opposite ends; memory the GPU reads in place
+// is a deep ring where asked, as host memory is.
 TEST(BlockRing, TwoEndedWhereNotDeep) {
   auto two_ended = [](BlockRing& ring) {
     EXPECT_FALSE(ring.deep());
@@ -467,7 +468,15 @@ TEST(BlockRing, TwoEndedWhereNotDeep) {
     EXPECT_THROW(BlockRing::create(1 << 20, MemoryKind::kRegistered), Error) << "registered memory needs a GPU";
     return;
   }
-  two_ended(*BlockRing::create(16 * 4096, MemoryKind::kManaged));
+  two_ended(*BlockRing::create(16 * 4096, MemoryKind::kManaged, false));
+  auto deep = BlockRing::create(16 * 4096, MemoryKind::kManaged, true, 4 * 4096);
+  EXPECT_TRUE(deep->deep());
+  char* a = static_cast<char*>(deep->push(4 * 4096));
+  char* b = static_cast<char*>(deep->push(4 * 4096));
+  char* c = static_cast<char*>(deep->push(4 * 4096));
+  ASSERT_TRUE(a && b && c) << "three blocks in a deep ring of GPU memory";
+  EXPECT_EQ(b, a + 4 * 4096);
+  EXPECT_EQ(deep->kept_begin() + 4 * 4096, deep->base()) << "kept bytes before it";
 }
 
 }  // namespace

@@ -87,9 +87,11 @@
 // activation reserve the budget already holds, whoever uses it (lent_bytes() says how much
 // blocks do).
 //
-// Memory the GPU reads in place (managed, or registered) keeps the two-ended arena
-// (Note [Two-ended arena]) unless `deep` is asked: at most two blocks, at opposite ends, the
-// paper's pipeline, which still guarantees progress whenever any two consecutive blocks fit.
+// A ring not asked to be `deep` is the two-ended arena (Note [Two-ended arena]): at most two
+// blocks, at opposite ends, the paper's pipeline, which still guarantees progress whenever any
+// two consecutive blocks fit. Memory the GPU reads in place (managed, or registered) may be
+// deep too, and keep part of a block; only the zone lent to blocks needs host memory (the
+// activations placed there are the CPU meter's).
 #include <cerrno>
 #include <cstring>
 #include <algorithm>
@@ -262,14 +264,14 @@ std::unique_ptr<BlockRing> BlockRing::create(std::uint64_t capacity, MemoryKind 
   if (capacity == 0) throw Error("block ring: capacity must be positive");
   auto impl = std::make_unique<Impl>();
   const bool host = kind == MemoryKind::kHost || (kind == MemoryKind::kManaged && !cuda_device().usable);
-  if (kept > 0 && !(deep && host)) throw Error("block ring: kept bytes need a deep ring in host memory");
+  if (kept > 0 && !deep) throw Error("block ring: kept bytes need a deep ring");
   if (lend > 0 && !(deep && host)) throw Error("block ring: a zone to lend needs a deep ring in host memory");
   impl->arena = Arena::create(kept + capacity + lend, kind);
   impl->kind = impl->arena->kind();
   impl->kept = kept;
   impl->lend = lend;
   impl->capacity = impl->arena->capacity() - kept - lend;
-  impl->deep = deep && host;
+  impl->deep = deep;
   if (kept > 0) account_memory(static_cast<std::int64_t>(kept));
   return std::unique_ptr<BlockRing>(new BlockRing(std::move(impl)));
 }

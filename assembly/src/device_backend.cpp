@@ -44,14 +44,25 @@ namespace swapnet {
 // (Jetson: no concurrent managed access, so the host may not touch managed memory while any
 // kernel runs, and the reader writes and checksums block i+1 while block i computes) the arena
 // is pinned host memory registered with CUDA instead: the same DRAM, readable in place, and
-// without that rule. Kernels run asynchronously, so an arena end may only be
-// refilled once the kernels reading its previous block are done: after a block's layers are
-// queued, an event is recorded for its end, and the read into that end waits for it. The order
-// per block is therefore: wait for its read, bind, queue its kernels, then submit the next read
-// (which waits for the block before, two back) — the read of block i+1 still overlaps the
-// kernels of block i. The first block of an inference waits for both ends: the previous
-// inference's last block may still be computing at the other one. If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found
-// with a one-page read at open), the arena is host memory pinned with cudaHostRegister instead.
+// without that rule. Kernels run asynchronously, so a block's ring bytes may only be reused
+// once the kernels reading them are done: after a block's layers are queued, an event is
+// recorded behind them, and the block leaves the ring (oldest first) once its event has
+// passed (reclaim). Otherwise the ring is the host's (Note [Read-ahead ring]): as many blocks
+// ahead as the budget holds, on into the next inference, a block that does not fit yet
+// streamed into the bytes older blocks free, part of a large block kept; a block's layers are
+// queued as their pieces land (Note [Layer by layer] in read_ahead.cpp). Where the next block
+// needs room only executed blocks hold, the thread waits for their kernels: for all but the
+// newest after queueing a block, for all of them where that reads nothing or the next block is
+// needed now (take()).
+//
+// The GPU's ring used to hold two blocks, one at each end (the paper's pipeline): one read in
+// flight at a time, and the disk idle from a block's last byte until the thread had queued its
+// kernels and submitted the next read. On the H100 that cost most where blocks were many and
+// small (a RegNetY at 1.43x its I/O bound, issue 47). On the host twin under an emulated
+// 200 MB/s disk, resnet101 at 90 MiB ran at 0.99x its I/O bound in the deep ring against
+// 1.21x in two blocks (`--read-ahead two-ended` keeps that for comparison; docs/gpu.md).
+// If the reader cannot DMA into managed memory (EFAULT/EOPNOTSUPP, found with a one-page read
+// at open), the ring is host memory pinned with cudaHostRegister instead.
 // Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
 // bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
 namespace {
@@ -81,11 +92,10 @@ DeviceBackend::Caps cuda_caps();
 // Note [The CUDA backend's host twin]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The GPU's pipeline differs from the CPU's in its Caps (asynchronous hand-back of a block's ring
-// space, whole, not layer by layer; no lending or shedding) and its read-ahead (two blocks: Note [Swapping
-// onto the GPU]), not in code: SWAPNET_DEVICE_TWIN=cuda runs an executor on the CPU with exactly
-// those, so that what the GPU path's structure costs can be measured and changed where no GPU
-// is. Its layers run on the CPU (its tensors, memory and times are the host's), and a block's
-// kernels count as done once the next block's are queued (a real GPU's are still running right
+// space, whole, not layer by layer; no lending or shedding), not in code: SWAPNET_DEVICE_TWIN=cuda
+// runs an executor on the CPU with exactly those, so that what the GPU path's structure costs
+// can be measured and changed where no GPU is. Its layers run on the CPU (its tensors, memory
+// and times are the host's), and a block's kernels count as done once the next block's are queued (a real GPU's are still running right
 // after they were queued, so the cursor's look at the block's end finds them running; by the
 // next block's end they are done, as on a GPU with little compute per block). Under an
 // emulated slow disk (SWAPNET_EMULATE_READ) the CPU's compute is small beside the reads, as a
@@ -94,7 +104,7 @@ class CudaTwinBackend final : public HostBackend {
  public:
   CudaTwinBackend() : HostBackend(twin_caps()) {}
   const char* name() const override { return "cuda-twin"; }
-  void configure(const std::string& image, ExecutorOptions*) override {  // two blocks: Caps::deep_ring
+  void configure(const std::string& image, ExecutorOptions*) override {
     log_once(LogLevel::kWarn, "cuda_twin",
              image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
   }
@@ -145,7 +155,6 @@ DeviceBackend::Caps cuda_caps() {
   c.sheds = false;
   c.meters_activations = false;
   c.host_pages = false;
-  c.deep_ring = false;  // Note [Swapping onto the GPU]
   return c;
 }
 

@@ -40,9 +40,6 @@ class DeviceBackend {
     bool meters_activations = true;
     // Weight memory is host pages whose residency mincore can count.
     bool host_pages = true;
-    // The ring may read ahead as many blocks as the budget holds (Note [Read-ahead ring]);
-    // else two blocks, one at each end of the arena (Note [Swapping onto the GPU]).
-    bool deep_ring = true;
   };
 
   virtual ~DeviceBackend() = default;
@@ -99,8 +96,8 @@ class DeviceBackend {
 // backend's host twin]) or the first CUDA device (throws Error naming `image` where there is
 // none: require_cuda). Not configured yet.
 std::unique_ptr<DeviceBackend> make_backend(const std::string& image, const ExecutorOptions& o);
-// The Caps of the backend make_backend would give for `o`, known before there is one: plans and
-// minimum budgets are made from the options alone (effective_read_ahead in planning.cpp).
+// The Caps of the backend make_backend would give for `o`, known before there is one: plans are
+// made from the options alone (lend_for in planning.cpp).
 DeviceBackend::Caps backend_caps(const ExecutorOptions& o);
 
 }  // namespace swapnet

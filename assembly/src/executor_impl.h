@@ -186,7 +186,7 @@ struct Executor::Impl {
   // The cursor's view of where the inference is.
   BlockCursor::Position pos() const { return {cur, run ? run->next_layer() : -1, released || shed_pending}; }
   // Submits every read the ring (and the cursor's limits) allow now (Note [Read-ahead ring]).
-  void pump(bool may_wait = false) { cursor->pump(pos(), may_wait); }
+  void pump(BlockCursor::KernelWait wait = BlockCursor::KernelWait::kNone) { cursor->pump(pos(), wait); }
   void drain() {
     if (cursor) cursor->drain();
   }

@@ -191,7 +191,12 @@ void swap_out(Executor::Impl& m, int b, const Fetch* cf) {
     m.rebind_pinned();
     m.backend->block_done(*m.w.ring);
     if (m.caps().async) {
-      m.pump(true);  // this block's kernels are queued: wait for the previous block's to read on
+      // This block's kernels are queued: wait for the previous blocks' to read on. Where that
+      // reads nothing (a ring of one block, at the least budgets), this block's own kernels
+      // hold the room: wait for them too, so that the next read starts now, not when the next
+      // step needs its block (the scheduler sees it under way, as on the host).
+      m.pump(BlockCursor::KernelWait::kOlder);
+      if (!m.cursor->reading()) m.pump(BlockCursor::KernelWait::kAll);
     } else {
       m.w.trace(m.tgroup);
     }

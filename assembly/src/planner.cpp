@@ -16,7 +16,7 @@ Planner::Planner(const ImageInfo& image, const Skeleton& sk, const ExecutorOptio
                  std::string path)
     : sk_(sk), path_(std::move(path)), view_(image), o_(config) {
   view_.activation_bytes = reserve;
-  weights_min_ = min_budget_for(view_, sk_, effective_read_ahead(o_)) - reserve;
+  weights_min_ = min_budget_for(view_, sk_, o_.read_ahead) - reserve;
 }
 
 Planner::~Planner() = default;
@@ -57,7 +57,7 @@ ExecutionPlan Planner::plan(std::uint64_t budget, bool* from_grid) const {
     const Partition& part = grid_->lookup(budget - grid_reserve());
     if (part.feasible) {
       ExecutionPlan p = finish_plan(view_, sk_, part.blocks, part.resident, ::swapnet::layer_costs(view_, o), o.cost,
-                                    effective_read_ahead(o), budget, part.retain_block, part.retained_bytes,
+                                    o.read_ahead, budget, part.retain_block, part.retained_bytes,
                                     lend_for(view_, o));
       if (p.total() <= budget) {
         p.min_budget = weights_min_ + view_.activation_bytes;
@@ -70,7 +70,7 @@ ExecutionPlan Planner::plan(std::uint64_t budget, bool* from_grid) const {
 }
 
 double Planner::predict(const ExecutionPlan& p, const std::vector<LayerCost>& c, const CostModel& k) const {
-  return finish_plan(view_, sk_, p.blocks, p.resident, c, k, effective_read_ahead(o_), o_.budget, p.retain_block,
+  return finish_plan(view_, sk_, p.blocks, p.resident, c, k, o_.read_ahead, o_.budget, p.retain_block,
                      p.retained_bytes, lend_for(view_, o_))
       .predicted_ms;
 }
@@ -86,7 +86,7 @@ std::vector<std::pair<std::uint64_t, double>> Planner::latency_curve() const {
     table = local.get();
   }
   std::vector<std::pair<std::uint64_t, double>> curve;
-  const std::uint64_t minimum = min_budget_for(view_, sk_, effective_read_ahead(o_));
+  const std::uint64_t minimum = min_budget_for(view_, sk_, o_.read_ahead);
   curve.emplace_back(minimum, plan_for(view_, sk_, options_at(minimum), path_).predicted_ms);
   for (std::size_t i = 0; i < table->size(); ++i) {
     const Partition& p = table->at(i);

@@ -78,13 +78,6 @@ bool host_blocks(const ExecutorOptions& o) {
   return o.device == ExecutorOptions::Device::kCPU && o.memory != MemoryKind::kRegistered;
 }
 
-// The pipeline an executor with these options runs: the deep ring is for host memory, where its
-// backend has one (Caps::deep_ring; the GPU paths keep two blocks, Note [Swapping onto the GPU]).
-ReadAhead effective_read_ahead(const ExecutorOptions& o) {
-  if (o.read_ahead == ReadAhead::kPaper) return ReadAhead::kPaper;
-  const bool deep = host_blocks(o) && backend_caps(o).deep_ring;
-  return deep && o.read_ahead == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kTwoEnded;
-}
 
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
@@ -175,9 +168,10 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
 
 // The activation reserve the deep ring is lent where activations leave it (Note [Lending the
 // activation reserve]): what adopt() gives the ring as its zone (but for the CPU meter being
-// outranked by a host program's allocator, found only then).
+// outranked by a host program's allocator, found only then). Only where the CPU meter counts the
+// activations (Caps::meters_activations) and they live in host memory.
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
-  return o.lend && host_blocks(o) && effective_read_ahead(o) == ReadAhead::kRing &&
+  return o.lend && host_blocks(o) && backend_caps(o).meters_activations && o.read_ahead == ReadAhead::kRing &&
                  info.activation_bytes >= (1u << 20) && info.version >= kImageZoneReserveVersion
              ? info.activation_bytes
              : 0;
@@ -187,13 +181,13 @@ std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o) {
   PartitionOptions po;
   po.residency = o.residency;
-  po.read_ahead = effective_read_ahead(o);
+  po.read_ahead = o.read_ahead;
   po.lend = lend_for(info, o);
   return po;
 }
 
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
-  const ReadAhead ra = effective_read_ahead(o);
+  const ReadAhead ra = o.read_ahead;
   const std::uint64_t lend = lend_for(info, o);
   const std::uint64_t minimum = min_budget_for(info, sk, ra);
   auto too_small = [&](const std::string& what) {
@@ -261,7 +255,7 @@ std::uint64_t default_grid_step(const ImageInfo& info) {
 }
 
 std::uint64_t min_budget(const ImageInfo& info, const ExecutorOptions& options) {
-  return min_budget_for(info, Skeleton::from_image(info, info.source), effective_read_ahead(options));
+  return min_budget_for(info, Skeleton::from_image(info, info.source), options.read_ahead);
 }
 
 std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) {
@@ -271,7 +265,7 @@ std::uint64_t planning_reserve(const ImageInfo& info, const ExecutorOptions& o) 
 std::uint64_t min_read_bytes(const ImageInfo& info, const ExecutorOptions& options) {
   return min_read_bytes(layer_costs(info, options),
                         options.budget > info.activation_bytes ? options.budget - info.activation_bytes : 0,
-                        effective_read_ahead(options) != ReadAhead::kRing);
+                        options.read_ahead != ReadAhead::kRing);
 }
 
 ExecutionPlan plan_execution(const ImageInfo& info, const ExecutorOptions& options) {
@@ -312,13 +306,13 @@ void set_executor_option(ExecutorOptions* o, const std::string& name, const std:
     // without layer-by-layer pipelining (Note [Layer by layer]); for comparison.
     // ring-reserved: without lending the activation reserve (Note [Lending the activation reserve]).
     // ring-serial: nothing read after a streamed block until it is whole (Note [Streaming into
-    // the ring]).
+    // the ring]). two-ended: two blocks at the two ends (the GPU's pipeline before its deep ring).
     o->read_ahead = choose<ReadAhead>(name, value, {{"ring", ReadAhead::kRing}, {"ring-whole", ReadAhead::kRing},
                                                     {"ring-blocks", ReadAhead::kRing}, {"ring-reserved", ReadAhead::kRing},
                                                     {"ring-serial", ReadAhead::kRing},
-                                                    {"paper", ReadAhead::kPaper}});
+                                                    {"two-ended", ReadAhead::kTwoEnded}, {"paper", ReadAhead::kPaper}});
     o->stream = value != "ring-whole";
-    o->layer_by_layer = value == "ring" || value == "ring-reserved" || value == "ring-serial";
+    o->layer_by_layer = value == "ring" || value == "ring-reserved" || value == "ring-serial" || value == "two-ended";
     o->lend = value == "ring" || value == "ring-serial";
     o->read_past_streamed = value != "ring-serial";
   } else if (key == "verify") {

@@ -26,10 +26,6 @@ std::vector<int> block_of_layer(const ImageInfo& info, const Blocks& blocks);
 // Layers on the CPU read their blocks into host memory, also where a GPU is usable; only pinned
 // memory, asked for by name, stays.
 bool host_blocks(const ExecutorOptions& o);
-// The pipeline an executor with these options runs: the deep ring is for host memory (the GPU
-// paths keep two blocks, Note [Swapping onto the GPU] in device_backend.cpp).
-ReadAhead effective_read_ahead(const ExecutorOptions& o);
-
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
 // the largest consecutive pair for the two-block pipelines. `retain_block` keeps `retained`

@@ -113,8 +113,10 @@ void BlockCursor::pump(const Position& pos, KernelWait wait) {
 }
 void BlockCursor::pump_reads(const Position& pos, KernelWait wait) {
   if (pos.stopped || w_.plan.blocks.empty()) return;
-  // A streamed block's pieces whose bytes are free now; blocks that overlap nothing held may
-  // still go after it (Note [Streaming into the ring]).
+  // A streamed block's pieces whose bytes are free now (GPU: older blocks whose kernels are done
+  // are gone first); blocks that overlap nothing held may still go after it (Note [Streaming
+  // into the ring]).
+  if (w_.ring) backend_.reclaim(*w_.ring, false);
   bool streaming = false;
   for (Fetch& f : fetches_) {
     if (f.streamed() && !stream_pieces(f)) streaming = true;
@@ -175,11 +177,16 @@ BlockCursor::Step BlockCursor::place_in_ring(Fetch& f, const Position& pos, Kern
     f.skip = w_.retained_valid && checks_for(bf, bl).empty() ? kept : 0;
   }
   backend_.reclaim(*w_.ring, false);
+  // Where it does not fit, the oldest executed blocks whose kernels still run go first, as far
+  // as `wait` allows (the block kept in part needs the ring's first bytes, which one of them may
+  // hold while there is room elsewhere).
   const std::size_t may_run = wait == KernelWait::kOlder ? 1 : 0;  // the newest block's kernels
-  while (wait != KernelWait::kNone && !w_.ring->fits(f.bytes) && backend_.pending() > may_run) {
+  char* at = nullptr;
+  while ((at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept)
+                                        : w_.ring->push(f.bytes, ring_limit(pos, f)))) == nullptr &&
+         wait != KernelWait::kNone && backend_.pending() > may_run) {
     backend_.reclaim(*w_.ring, true, true);
   }
-  char* at = static_cast<char*>(keeps ? w_.ring->push_first(f.bytes - kept) : w_.ring->push(f.bytes, ring_limit(pos, f)));
   if (at == nullptr) return stream_into_ring(f, pos, keeps, kept, streaming);
   f.at = at - kept;
   if (streaming) ++stats_.read_past_streamed;
@@ -402,17 +409,27 @@ void BlockCursor::cancel_executing() {
 const Fetch& BlockCursor::take(int b, const Position& pos) {
   has_cur_ = false;
   // GPU: its room may be held by executed blocks whose kernels still run, the newest among them
-  // (pump(may_wait) leaves that one running). Nothing else can free it, and this thread needs b
-  // now: wait for as many as it takes. Where the pair (the newest, b) is not one the plan was
-  // sized for (the first block of the next inference after the last, or after a re-plan), this
-  // is where the two-ended ring waits; found with the CUDA backend's host twin (Note [The CUDA
-  // backend's host twin]: the Runtime's deadline test failed "not read ahead in order").
+  // (pump(kOlder) leaves that one running). Nothing else can free it, and this thread needs b
+  // now: wait for as many as it takes. Where b does not fit beside the newest (the first block
+  // of the next inference after the last, after a re-plan, a ring of one block), this is where
+  // the ring waits; found with the CUDA backend's host twin (Note [The CUDA backend's host
+  // twin]: the Runtime's deadline test failed "not read ahead in order").
   if (fetches_.empty()) pump(pos, KernelWait::kAll);
   if (fetches_.empty() || fetches_.front().block != b || fetches_.front().next) {
-    throw Error(path_ + ": internal: block " + std::to_string(b) + " was not read ahead in order");
+    const std::string front = fetches_.empty() ? std::string("nothing")
+                                               : "block " + std::to_string(fetches_.front().block) +
+                                                     (fetches_.front().next ? " of the next inference" : "");
+    throw Error(path_ + ": internal: block " + std::to_string(b) + " was not read ahead in order (read ahead: " +
+                front + "; " + std::to_string(w_.ring ? w_.ring->blocks() : 0) + " blocks in the ring, " +
+                std::to_string(backend_.pending()) + " of them executed)");
   }
+  // A streamed block's last pieces may wait for older blocks only the GPU's kernels still hold
+  // (the thread needs it now: as above).
   if (fetches_.front().streamed() && !stream_pieces(fetches_.front())) {
-    throw Error(path_ + ": internal: block " + std::to_string(b) + " streamed while older blocks hold its bytes");
+    backend_.reclaim(*w_.ring, true);
+    if (!stream_pieces(fetches_.front())) {
+      throw Error(path_ + ": internal: block " + std::to_string(b) + " streamed while older blocks hold its bytes");
+    }
   }
   Fetch f = fetches_.front();
   fetches_.pop_front();

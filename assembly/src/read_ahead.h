@@ -80,9 +80,15 @@ class BlockCursor {
   void set_trace_group(std::uint32_t g) { tgroup_ = g; }
   void new_inference() { held_why_ = nullptr; }  // Note [Tracing]: its first stop is traced
 
-  // Submits every read the ring (and the cursor's limits) allow now; the zone's floor follows.
-  // GPU: with `may_wait`, waits for the kernels of executed blocks but the newest to free space.
-  void pump(const Position& pos, bool may_wait = false) { pump(pos, may_wait ? KernelWait::kOlder : KernelWait::kNone); }
+  // GPU: which executed blocks' kernels pump may wait for, to free ring space: none, all but the
+  // newest (which may be running now; the host goes on queueing meanwhile), or all (the thread
+  // needs the next block's read under way now, and nothing else can free its room).
+  enum class KernelWait { kNone, kOlder, kAll };
+  // Submits every read the ring (and the cursor's limits) allow now, waiting for kernels as
+  // `wait` says; the zone's floor follows.
+  void pump(const Position& pos, KernelWait wait = KernelWait::kNone);
+  // Whether any read is under way or landed and not yet taken.
+  bool reading() const { return !fetches_.empty(); }
   // Waits for the front fetch, which must be block `b` of this inference, and makes it the
   // executing one: whole, or (runs_by_layer) its first layer's pieces.
   const Fetch& take(int b, const Position& pos);
@@ -127,11 +133,6 @@ class BlockCursor {
   std::vector<BlockReader::Check> checks_for(int first, int last) const;
   void mark_verified(int first, int last);
   void advance();
-  // GPU: which executed blocks' kernels pump may wait for, to free ring space: none, all but the
-  // newest (which may be running now; the host goes on queueing meanwhile), or all (take(): the
-  // thread needs the next block now, and nothing else can free its room).
-  enum class KernelWait { kNone, kOlder, kAll };
-  void pump(const Position& pos, KernelWait wait);
   void pump_reads(const Position& pos, KernelWait wait);
   // pump_reads' steps: what the cursor does after a block (kGoOn: submit its reads; kNext: the
   // next block; kStop: the cursor stops here).

@@ -71,8 +71,8 @@ class Gpu : public ::testing::TestWithParam<const char*> {
 
 TEST_P(Gpu, SwappedRunIsBitIdenticalToDirectGpuInference) {
   const auto [pk, x, expected] = gpu_case(GetParam(), 2);
-  // At least the minimum on the GPU: two blocks read ahead (the CPU's ring needs less;
-  // mobilenet_v2 fell below the GPU's minimum at the CPU's on the H100).
+  // At least the minimum on the GPU (mobilenet_v2 fell below the GPU's minimum at the CPU's on
+  // the H100, when the GPU read two blocks ahead).
   const ExecutorOptions o = gpu_options(pk.info, 3);
   const std::uint64_t minimum = min_budget(pk.info, o);
   auto ex = Executor::open(pk.img, o);

@@ -112,10 +112,9 @@ class SWAPNET_API Arena {
 // Swapped blocks in flight and executing, first in, first out (Note [Block ring]).
 class SWAPNET_API BlockRing {
  public:
-  // Host memory (kHost, or kManaged without a usable GPU) and `deep`: a contiguous ring of
-  // `capacity` bytes (rounded up to pages) holding as many blocks as fit (a block that does not
-  // fit before the end goes to the start). Other kinds, or !deep: two blocks at the two ends of
-  // an Arena. `kept` (deep rings only): that many bytes more, just before the ring's first byte,
+  // `deep`: a contiguous ring of `capacity` bytes (rounded up to pages) holding as many blocks
+  // as fit (a block that does not fit before the end goes to the start), in memory of any kind
+  // (the GPU's too). !deep: two blocks at the two ends of an Arena. `kept` (deep rings only): that many bytes more, just before the ring's first byte,
   // for the part of a block kept across inferences (Note [Keeping part of a block] in
   // ring.cpp): kept_begin() .. base(); they count as used from the start. Throws Error with the
   // size and the reason when the memory cannot be had.

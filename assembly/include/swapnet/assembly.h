@@ -312,8 +312,10 @@ struct ExecutorOptions {
   enum class Device { kCPU, kCUDA } device = Device::kCPU;
   // How swapped blocks are read ahead (Note [Read-ahead ring] in executor.cpp):
   //  kRing:  into a ring of whatever the budget leaves after resident blocks, as many blocks ahead
-  //          as it holds, on into the next inference's first blocks (host memory; memory the GPU
-  //          reads in place holds two blocks, kTwoEnded);
+  //          as it holds, on into the next inference's first blocks (host memory, and memory the
+  //          GPU reads in place);
+  //  kTwoEnded: the same with two blocks at the two ends of the ring's memory (read-ahead
+  //          "two-ended"; the GPU's pipeline before its ring was deep). For comparison;
   //  kPaper: the paper's pipeline: two blocks (the one executing and the next), one inference at
   //          a time, planned with its formula. For comparison.
   ReadAhead read_ahead = ReadAhead::kRing;
@@ -413,9 +415,9 @@ SWAPNET_API std::uint64_t planning_reserve(const ImageInfo& info, const Executor
 SWAPNET_API std::vector<LayerCost> layer_costs(const ImageInfo& info, const ExecutorOptions& o);
 
 // The smallest budget any partition of the image can run in with these options, plus
-// activations and pinned slots: the largest layer for the deep ring (the default on host
-// memory; Note [A ring of one block] in executor.cpp), the two largest adjacent layers for the
-// two-block pipelines (read-ahead paper, the GPU's two-ended ring).
+// activations and pinned slots: the largest layer for the deep ring (the default, on the CPU and
+// the GPU; Note [A ring of one block] in executor.cpp), the two largest adjacent layers for the
+// two-block pipelines (read-ahead paper and two-ended).
 SWAPNET_API std::uint64_t min_budget(const ImageInfo& info, const ExecutorOptions& options = {});
 // No plan these options may run reads fewer bytes per inference in their budget (partitioner's
 // min_read_bytes over the budget less activations; pairs for the two-block pipelines).

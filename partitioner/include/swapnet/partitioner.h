@@ -149,8 +149,8 @@ SWAPNET_API std::uint64_t min_read_bytes(const std::vector<LayerCost>& layers, s
 SWAPNET_API double memory_bound_ms(const std::vector<LayerCost>& layers, std::uint64_t budget, double ms_per_byte);
 // How swapped blocks are read ahead (what the executor will run).
 enum class ReadAhead {
-  kRing,      // a ring of whatever the resident blocks leave, as deep as it holds (host memory)
-  kTwoEnded,  // the same pipeline with two blocks at most (memory the GPU reads in place)
+  kRing,      // a ring of whatever the resident blocks leave, as deep as it holds
+  kTwoEnded,  // the same pipeline with two blocks at most (two ends of the same memory)
   kPaper,     // the paper's two-block pipeline, one inference at a time (predict_ms)
 };
 
