@@ -254,9 +254,32 @@ TEST(Partitioner, RingSimulationLayerByLayer) {
   m.alpha_ms_per_byte = 3.0 / kMiB;
   EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, false), 136.0, 1e-9);
   EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true), 96.0, 1e-9);
-  // The two-ended ring (depth 2) is block by block whatever is asked.
-  EXPECT_NEAR(simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, true),
-              simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, false), 1e-9);
+  // Where bytes go back only when their block ends (a GPU's ring: frees_by_layer false), layers
+  // still start as their bytes land, but the next block streams in only after the whole block:
+  // at 1 ms per MiB, block 0's layers run at 8-18 and 18-28, block 1 lands 28-44 and runs 36-46
+  // and 46-56: 56 ms per inference, between the 72 block by block and the 40 that freeing by
+  // layer reaches.
+  m.alpha_ms_per_byte = 1.0 / kMiB;
+  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true, 0, false), 56.0, 1e-9);
+}
+
+// The two-block ring runs layers as their bytes land too, and its blocks leave whole. A block of
+// two 8 MiB layers of 30 ms, then one of a 16 MiB layer of 1 ms, at 1 ms per MiB: block by block
+// the first block starts when all of it has landed and the next inference's read into its end
+// waits for it: 76 ms per inference (16 + 60). Layer by layer its first layer starts at 8 ms and
+// it ends 8 ms sooner: 68 ms.
+TEST(Partitioner, TwoEndedSimulationLayerByLayer) {
+  constexpr std::uint64_t kMiB = 1 << 20;
+  const CostModel m = reads_and_compute_only(1.0 / kMiB);
+  std::vector<LayerCost> l(3);
+  l[0].bytes = l[1].bytes = 8 * kMiB;
+  l[0].exec_ms = l[1].exec_ms = 30;
+  l[2].bytes = 16 * kMiB;
+  l[2].exec_ms = 1;
+  const Blocks b = {{0, 1}, {2, 2}};
+  const std::vector<char> sw = {0, 0};
+  EXPECT_NEAR(simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, false), 76.0, 1e-9);
+  EXPECT_NEAR(simulate_ms(l, b, sw, 32 * kMiB, 2, m, true, -1, 0, true), 68.0, 1e-9);
 }
 
 // Note [Lending the activation reserve] in assembly/src/zone_lender.cpp, worked out by hand: four

@@ -85,7 +85,7 @@ bool host_blocks(const ExecutorOptions& o) {
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
                           const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
                           std::uint64_t budget, int retain_block, std::uint64_t retained,
-                          std::uint64_t lend) {
+                          std::uint64_t lend, bool frees_by_layer) {
   ExecutionPlan p;
   for (const auto& [first, last] : blocks) {
     std::uint64_t bytes = 0;
@@ -97,6 +97,7 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   part.resident = resident;
   part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
   part.lend_bytes = ra == ReadAhead::kRing ? lend : 0;  // Note [Lending the activation reserve]
+  part.frees_by_layer = frees_by_layer;
   // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
   // whole pages, and never all of it.
   if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
@@ -177,12 +178,17 @@ std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
              : 0;
 }
 
+// Whether a running block's ring bytes go back as its layers end (Caps::frees_by_layer): the
+// planner's simulation plays what the executor will do.
+bool frees_by_layer(const ExecutorOptions& o) { return backend_caps(o).frees_by_layer; }
+
 // What the partitioner (search and budget grid) is told of these options.
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o) {
   PartitionOptions po;
   po.residency = o.residency;
   po.read_ahead = o.read_ahead;
   po.lend = lend_for(info, o);
+  po.frees_by_layer = frees_by_layer(o);
   return po;
 }
 
@@ -218,7 +224,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
                   "partition's swapped blocks (0.." + std::to_string(blocks.size() - 1) + ")");
     }
     ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget,
-                                  o.retain_block, o.retained_bytes, lend);
+                                  o.retain_block, o.retained_bytes, lend, frees_by_layer(o));
     if (p.total() > o.budget) {
       throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
                       format_bytes(p.total()) + ")");
@@ -232,7 +238,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       Partition best = optimal_partition(costs, o.budget - reserve, o.cost, partition_options(info, o));
       if (best.feasible) {
         ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
-                                      best.retain_block, best.retained_bytes, lend);
+                                      best.retain_block, best.retained_bytes, lend, frees_by_layer(o));
         if (p.total() <= o.budget) return done(std::move(p));
       }
     }
@@ -242,7 +248,8 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   for (int n = 1; n <= L; ++n) {
     Blocks blocks = equal_bytes_blocks(costs, n);
     std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0, lend);
+    ExecutionPlan p =
+        finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0, lend, frees_by_layer(o));
     if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.

@@ -34,7 +34,7 @@ bool host_blocks(const ExecutorOptions& o);
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
                           const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
                           std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0,
-                          std::uint64_t lend = 0);
+                          std::uint64_t lend = 0, bool frees_by_layer = true);
 
 // The least budget of any plan with read-ahead `ra` (Note [A ring of one block]).
 std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra);
@@ -43,6 +43,9 @@ std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhea
 std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o);
 // The activation reserve the deep ring is lent where activations leave it (0: none).
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o);
+// Whether a running block's ring bytes go back as its layers end (the backend's
+// Caps::frees_by_layer; Partition::frees_by_layer).
+bool frees_by_layer(const ExecutorOptions& o);
 // What the partitioner (search and budget grid) is told of these options.
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o);
 // The plan for o.budget (a given partition, the optimal search, or the fewest equal-byte
