@@ -1,6 +1,6 @@
 // swapnet run: inference from a swap image within a memory budget, in one of three modes:
-//   swapnet  blocks fetched with O_DIRECT into the two-ended arena while the previous block
-//            runs, bound by reference (the design);
+//   swapnet  blocks fetched with O_DIRECT into the read-ahead ring while earlier blocks run,
+//            bound by reference (the design);
 //   direct   the whole model read once into memory, then in-memory inference (the paper's DInf);
 //   naive    the standard path, for ablation: buffered read of each block, a full copy into
 //            freshly allocated "dummy" tensors, no overlap between I/O and compute. Each block's

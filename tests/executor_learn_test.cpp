@@ -150,14 +150,16 @@ TEST(Executor, AReplanThatGainsPutsTheNewPlanInForce) {
   o.cost.alpha_ms_per_byte = 1.0 / 1e7;  // 10 GB/s
   o.reader.emulate_bytes_per_s = 20e6;
   o.learn_after = 3;
-  // Two tries of 40 s at most, each a new executor: on this 2-core VM beside the other tests the
+  // Three tries of 40 s at most, each a new executor: on this 2-core VM beside the other tests the
   // first window once learned layer times that carried the reads' stalls, so that reading less
   // predicted no gain and the plan was kept (re-plans 1, kept 1, plan error 0.4 %, the costs
-  // right from then on: no second re-plan in 60 s), once in ~15 full runs. A learner that never
-  // puts a faster plan in force fails both.
+  // right from then on: no second re-plan in 60 s), once in ~15 full runs. Beside a process
+  // spinning on one core the first try kept its plan in 3 of 6 runs (2026-11-29, and as often in
+  // a build of a week before), and both of two tries failed in two loaded runs that day. A
+  // learner that never puts a faster plan in force fails all three.
   std::unique_ptr<Executor> ex;
   std::uint64_t read_before = 0;
-  for (int attempt = 0; attempt < 2 && (!ex || ex->learning().adopted == 0); ++attempt) {
+  for (int attempt = 0; attempt < 3 && (!ex || ex->learning().adopted == 0); ++attempt) {
     if (ex) std::cerr << "try " << attempt << ": re-plans " << ex->learning().replans << ", kept "
                       << ex->learning().kept_plans << ", plan error " << ex->learning().plan_error << "\n";
     ex = Executor::open(pk.img, o);

@@ -162,6 +162,14 @@ void gpu_prefetch(const void* p, std::uint64_t bytes) {
 #endif
 }
 
+bool gpu_handover_moves_pages() {
+#if SWAPNET_WITH_CUDA
+  return discrete_with_managed_access() && handover() != Handover::kHost;
+#else
+  return false;
+#endif
+}
+
 bool gpu_handover_may_lose_reads() {
 #if SWAPNET_WITH_CUDA
   if (!discrete_with_managed_access()) return false;

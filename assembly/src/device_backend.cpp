@@ -95,8 +95,8 @@ DeviceBackend::Caps cuda_caps();
 // space, whole, not layer by layer; no lending or shedding), not in code: SWAPNET_DEVICE_TWIN=cuda
 // runs an executor on the CPU with exactly those, so that what the GPU path's structure costs
 // can be measured and changed where no GPU is. Its layers run on the CPU (its tensors, memory
-// and times are the host's), and a block's kernels count as done once the next block's are queued (a real GPU's are still running right
-// after they were queued, so the cursor's look at the block's end finds them running; by the
+// and times are the host's), and a block's kernels count as done once the next block's are
+// queued (a real GPU's are still running right after they were queued, so the cursor's look at the block's end finds them running; by the
 // next block's end they are done, as on a GPU with little compute per block). Under an
 // emulated slow disk (SWAPNET_EMULATE_READ) the CPU's compute is small beside the reads, as a
 // GPU's is beside a fast disk, so the twin shows where the GPU path leaves the disk idle.
@@ -175,6 +175,17 @@ class CudaBackend final : public DeviceBackend {
                "GPU without concurrent managed access (" + cuda_device().name +
                    "): blocks go to pinned host memory registered with CUDA, so reads can overlap kernels");
       o->memory = MemoryKind::kRegistered;
+    }
+    if (o->memory == MemoryKind::kManaged && gpu_handover_moves_pages() && o->read_ahead != ReadAhead::kPaper) {
+      // The policies that move pages to the GPU (advise, prefetch, none) were measured with
+      // blocks read whole into the two ends of the ring, and a read next to migrating pages
+      // has lost its data (Note [Managed memory on a discrete GPU]): they keep that layout
+      // rather than the deep ring's adjacent blocks and pieces handed over as they land.
+      log_once(LogLevel::kWarn, "gpu_handover_two_ended",
+               "SWAPNET_GPU_PREFETCH moves blocks' pages to the GPU: blocks are read whole, two at a time, at the "
+               "two ends of the ring (unset it for the default, host, and the deep ring)");
+      o->read_ahead = ReadAhead::kTwoEnded;
+      o->layer_by_layer = false;
     }
     if (o->memory == MemoryKind::kManaged && gpu_handover_may_lose_reads() &&
         o->verify != ExecutorOptions::Verify::kAlways) {

@@ -4,8 +4,8 @@
 //
 // Budget accounting (ExecutionPlan): budget = ring + resident + activations + pinned slots, where
 //  - ring: the read-ahead ring of swapped blocks (Note [Read-ahead ring]; at least the largest
-//    swapped block, deeper where the budget allows; two-ended, at least the largest pair of
-//    adjacent swapped blocks, on the GPU and with ReadAhead::kPaper);
+//    swapped block, deeper where the budget allows, on the CPU and the GPU; two-ended, at least
+//    the largest pair of adjacent swapped blocks, with ReadAhead::kPaper and kTwoEnded);
 //  - resident: blocks read once and kept across inferences;
 //  - activations: the peak bytes forward allocated at the image's example input (measured by
 //    the CPU meter when packing);
@@ -62,8 +62,8 @@ namespace swapnet {
 // giving memory back within one layer.
 //
 // GPU: kernels run asynchronously, so a swapped block's ring space is popped only once an event
-// recorded behind its kernels has completed (`gpu_pending`); the cursor waits for the oldest such
-// event when the next block does not fit otherwise. The ring there is two-ended (two blocks).
+// recorded behind its kernels has completed (DeviceBackend::reclaim); the cursor waits for the
+// oldest such event when the next block does not fit otherwise (Note [Swapping onto the GPU]).
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Executor::~Executor() = default;

@@ -191,12 +191,13 @@ void swap_out(Executor::Impl& m, int b, const Fetch* cf) {
     m.rebind_pinned();
     m.backend->block_done(*m.w.ring);
     if (m.caps().async) {
-      // This block's kernels are queued: wait for the previous blocks' to read on. Where that
-      // reads nothing (a ring of one block, at the least budgets), this block's own kernels
-      // hold the room: wait for them too, so that the next read starts now, not when the next
-      // step needs its block (the scheduler sees it under way, as on the host).
+      // This block's kernels are queued: wait for the previous blocks' to read on. Where the
+      // next read still waits for room (a ring of one block, at the least budgets: nothing read
+      // ahead, or the next block streaming over this one), this block's own kernels hold it:
+      // wait for them too, so that the read starts now, not when the next step needs its block
+      // (the scheduler sees it under way, as on the host).
       m.pump(BlockCursor::KernelWait::kOlder);
-      if (!m.cursor->reading()) m.pump(BlockCursor::KernelWait::kAll);
+      if (m.cursor->starved()) m.pump(BlockCursor::KernelWait::kAll);
     } else {
       m.w.trace(m.tgroup);
     }

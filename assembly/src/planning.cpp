@@ -248,8 +248,8 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   for (int n = 1; n <= L; ++n) {
     Blocks blocks = equal_bytes_blocks(costs, n);
     std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p =
-        finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0, lend, frees_by_layer(o));
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0,
+                                  lend, frees_by_layer(o));
     if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.

@@ -111,12 +111,17 @@ void BlockCursor::pump(const Position& pos, KernelWait wait) {
   }
   lender_.sync(k);  // the zone's floor follows the blocks held
 }
+bool BlockCursor::starved() const {
+  if (fetches_.empty()) return true;
+  const Fetch& f = fetches_.front();
+  return f.streamed() && std::find(f.pieces.begin(), f.pieces.end(), BlockReader::Ticket{0}) != f.pieces.end();
+}
 void BlockCursor::pump_reads(const Position& pos, KernelWait wait) {
   if (pos.stopped || w_.plan.blocks.empty()) return;
   // A streamed block's pieces whose bytes are free now (GPU: older blocks whose kernels are done
-  // are gone first); blocks that overlap nothing held may still go after it (Note [Streaming
-  // into the ring]).
-  if (w_.ring) backend_.reclaim(*w_.ring, false);
+  // are gone first, all of them with kAll); blocks that overlap nothing held may still go after
+  // it (Note [Streaming into the ring]).
+  if (w_.ring) backend_.reclaim(*w_.ring, wait == KernelWait::kAll);
   bool streaming = false;
   for (Fetch& f : fetches_) {
     if (f.streamed() && !stream_pieces(f)) streaming = true;
@@ -340,23 +345,23 @@ void BlockCursor::drain() {
 // weights are in, and its bytes may be reused once it has run. The executor used to be
 // block-granular on both ends: a block ran only when all of it had landed (the disk's last
 // megabytes of a 20 MB block stalled its first layer), and its ring bytes were free only after
-// its last layer (with a ring of one large block the next block's pieces waited for that). On
-// host memory it now reads a block that fits in pieces of kPiece bytes too, waits before each
-// layer only for the pieces that hold it (and the layers before it in the block, whose
-// weights it may share), and after each layer gives the ring back the bytes before the lowest
-// layer the rest of the block still reads (BlockRing::release_front_until), so a block
-// streaming over it reads on while it computes. Not with checksums to verify (a layer's
+// its last layer (with a ring of one large block the next block's pieces waited for that). It
+// now reads a block that fits in pieces of kPiece bytes too, waits before each layer only for
+// the pieces that hold it (and the layers before it in the block, whose weights it may share),
+// and, on the host, after each layer gives the ring back the bytes before the lowest layer the
+// rest of the block still reads (BlockRing::release_front_until), so a block streaming over it
+// reads on while it computes. Not with checksums to verify (a layer's
 // checksum needs it in one read: the first inference under --verify first reads whole), not
 // for the block kept in part. Pieces of the executing block not yet waited for are cancelled
 // and waited for wherever reads are (drain, shed, an error).
 //
-// The two-block ring (the GPU's: Note [Swapping onto the GPU] in device_backend.cpp) runs a
-// block's layers as its pieces land too: each piece is handed over to the device as it is
-// waited for, and a layer's kernels are queued once its pieces are in, so the GPU computes a
-// block's first layers while its last megabytes land instead of after them. Nothing is given
-// back early there (Caps::frees_by_layer: the kernels may still read the bytes, and the other
-// end of the ring is the next block's anyway); the block's end goes as a whole once its
-// kernels are done. The planner's simulation plays it the same way (simulate_ms by_layer).
+// On the GPU (Note [Swapping onto the GPU] in device_backend.cpp) each piece is handed over to
+// the device as it is waited for, and a layer's kernels are queued once its pieces are in, so
+// the GPU computes a block's first layers while its last megabytes land instead of after them.
+// Nothing is given back early there (Caps::frees_by_layer: the kernels may still read the
+// bytes); the block goes as a whole once its kernels are done. The two-block ring runs layers
+// as their pieces land too, and gives nothing back early (its other end is the next block's).
+// The planner's simulation plays each the same way (simulate_ms by_layer, frees_by_layer).
 bool BlockCursor::layer_by_layer(const Fetch& f) const {
   return cfg_.layer_by_layer && w_.ring && !f.resident && f.block != w_.plan.retain_block &&
          f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
@@ -387,8 +392,8 @@ Status BlockCursor::wait_pieces(const Fetch& f, int k) {
     if (st.ok() && !s.ok()) st = s;
   }
   if (st.ok()) {  // the pieces that landed now, to the device (Note [Layer by layer])
-    const std::uint64_t at = f.skip + from * kPiece, end = std::min(f.bytes, f.skip + need * kPiece);
-    backend_.hand_over(w_.ring->kind(), f.at + at, end - at);
+    const std::uint64_t at = f.skip + from * kPiece, to = std::min(f.bytes, f.skip + need * kPiece);
+    backend_.hand_over(w_.ring->kind(), f.at + at, to - at);
   }
   const auto t1 = std::chrono::steady_clock::now();
   stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();

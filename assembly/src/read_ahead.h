@@ -87,8 +87,9 @@ class BlockCursor {
   // Submits every read the ring (and the cursor's limits) allow now, waiting for kernels as
   // `wait` says; the zone's floor follows.
   void pump(const Position& pos, KernelWait wait = KernelWait::kNone);
-  // Whether any read is under way or landed and not yet taken.
-  bool reading() const { return !fetches_.empty(); }
+  // Whether the next read waits for room: nothing is read ahead, or the oldest read ahead streams
+  // with pieces not submitted yet (GPU: room only executed blocks' kernels may hold).
+  bool starved() const;
   // Waits for the front fetch, which must be block `b` of this inference, and makes it the
   // executing one: whole, or (runs_by_layer) its first layer's pieces.
   const Fetch& take(int b, const Position& pos);

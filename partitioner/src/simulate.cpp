@@ -389,8 +389,8 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   Prefix p(layers);
   size_t swapped = 0;
   // Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp): the ring, deep or of
-  // two blocks (whose bytes go only when the block ends: pop), not the block kept in part.
-  by_layer = by_layer && (ring_depth == 0 || ring_depth == 2);
+  // two blocks (whose bytes go only when the block ends: pop), not the block kept in part
+  // (make_items).
   const std::vector<Item> items =
       make_items(p, blocks, resident, ring_depth, m, retain_block, retained_bytes, by_layer, &swapped);
   const size_t n = items.size();

@@ -5,8 +5,8 @@
 // reports "no device" with the reason, once, in the log; that is a normal state, not an error.
 //
 // BlockRing: swapped blocks in read order, pushed at the head when they fit and popped once
-// executed (Note [Block ring] in ring.cpp): in host memory a contiguous ring holds as many blocks
-// as fit; memory the GPU reads in place falls back to two blocks at opposite ends.
+// executed (Note [Block ring] in ring.cpp): a contiguous ring holds as many blocks as fit, in
+// host memory or memory the GPU reads in place; asked not to be deep, two blocks at opposite ends.
 //
 // Arena: one per model, reserved once. Blocks are placed with no allocation per swap: even
 // blocks from the low end, odd blocks from the high end, so two adjacent blocks fit exactly
@@ -58,6 +58,9 @@ SWAPNET_API void gpu_prefetch(const void* p, std::uint64_t bytes);
 // GPU: both lost a block's data on an H100, caught by first fetches' checksums; nothing makes a
 // later fetch safe), so every fetch must be checked, not only the first.
 SWAPNET_API bool gpu_handover_may_lose_reads();
+// The policy in force moves a block's pages to the GPU (any but "host", on a discrete GPU):
+// measured only with blocks read whole into the two ends of the ring, far from each other.
+SWAPNET_API bool gpu_handover_moves_pages();
 
 // Bytes of memory this process holds through swapnet's allocator, process-wide.
 struct MemoryStats {
@@ -114,8 +117,9 @@ class SWAPNET_API BlockRing {
  public:
   // `deep`: a contiguous ring of `capacity` bytes (rounded up to pages) holding as many blocks
   // as fit (a block that does not fit before the end goes to the start), in memory of any kind
-  // (the GPU's too). !deep: two blocks at the two ends of an Arena. `kept` (deep rings only): that many bytes more, just before the ring's first byte,
-  // for the part of a block kept across inferences (Note [Keeping part of a block] in
+  // (the GPU's too). !deep: two blocks at the two ends of an Arena. `kept` (deep rings only):
+  // that many bytes more, just before the ring's first byte, for the part of a block kept across
+  // inferences (Note [Keeping part of a block] in
   // ring.cpp): kept_begin() .. base(); they count as used from the start. Throws Error with the
   // size and the reason when the memory cannot be had.
   // `lend` (deep rings in host memory only): that many bytes more after the ring's last byte,

@@ -327,9 +327,10 @@ struct ExecutorOptions {
   // for older blocks' bytes (Note [Streaming into the ring]); false: nothing is read after a
   // streamed block until it is whole (read-ahead "ring-serial", for comparison).
   bool read_past_streamed = true;
-  // kRing: a block's layers run as their bytes land (on a GPU: their kernels are queued then)
-  // and, on host memory, give their ring bytes back as they end (Note [Layer by layer] in
-  // read_ahead.cpp); false: block by block (read-ahead "ring-blocks", for comparison).
+  // kRing and kTwoEnded: a block's layers run as their bytes land (on a GPU: their kernels are
+  // queued then) and, on host memory in the deep ring, give their ring bytes back as they end
+  // (Note [Layer by layer] in read_ahead.cpp); false: block by block (read-ahead "ring-blocks",
+  // for comparison).
   bool layer_by_layer = true;
   // kRing on host memory: blocks use the activation reserve's bytes the activations leave
   // (Note [Lending the activation reserve] in zone_lender.cpp); false: activations keep the whole
