@@ -138,17 +138,23 @@ def main() -> int:
         rc, out, err = run(cli, "run", img, "--budget", "4096", "--read-ahead", "two-ended", "--iters", "1", env=twin)
         m = re.search(r"the minimum for this model is (\d+) bytes \([^:]*: the two largest adjacent layers", err)
         expect(rc == 2 and m is not None, f"twin, two-ended, tiny budget: exit {rc}, {err!r}")
+        # Four equal blocks (each far above a 2 MiB piece, whatever the layer times measured at
+        # pack: under ASan the optimal plan's blocks were too small to be read in pieces) in
+        # three quarters of the model.
         for ra in ("ring", "two-ended"):
-            b = max(tb, int(m.group(1)) if m and ra == "two-ended" else 0)
-            rc, out, err = run(cli, "run", img, "--budget", str(b), "--check", "--iters", "2", "--read-ahead", ra,
-                               "--json", env=slow)
+            b = max(tb, info["data_bytes"] * 3 // 4, int(m.group(1)) if m and ra == "two-ended" else 0)
+            rc, out, err = run(cli, "run", img, "--budget", str(b), "--blocks", "4", "--check", "--iters", "2",
+                               "--read-ahead", ra, "--json", env=slow)
             expect(rc == 0, f"twin, slow disk, {ra}: run --check exit {rc}: {err[-400:]}")
             if rc == 0:
                 j = json.loads(out)
                 p = j["pipeline"]
                 print(f"twin, slow disk, {ra}:", json.dumps({k: p.get(k) for k in ("layers_started_early", "released_early_bytes",
                                                                                    "zone_bytes", "read_wait_ms")}))
-                expect(j["equal"] is True and 0 < j["peak_model_bytes"] <= b and j["read_ahead"] == ra,
+                # (Asked for the ring, the planner may still take two blocks at its two ends where
+                # they are predicted faster; the ring itself is checked above.)
+                expect(j["equal"] is True and 0 < j["peak_model_bytes"] <= b and
+                       j["read_ahead"] in ((ra, "two-ended") if ra == "ring" else (ra,)),
                        f"twin, slow disk, {ra}: outputs, peak {j['peak_model_bytes']} > {b} or {j['read_ahead']}")
                 expect(p["layers_started_early"] > 0 and p["released_early_bytes"] == 0 and p["zone_bytes"] == 0,
                        f"twin, slow disk, {ra}: {p}")
