@@ -150,7 +150,6 @@ class CudaMark final : public Mark {
 DeviceBackend::Caps cuda_caps() {
   DeviceBackend::Caps c;
   c.async = true;
-  c.frees_by_layer = false;
   c.learns = compat::kEventsTime;  // Note [Timing layers on the GPU]
   c.sheds = false;
   c.meters_activations = false;

@@ -23,12 +23,11 @@ class DeviceBackend {
  public:
   struct Caps {
     // Kernels run asynchronously: a swapped block's ring space goes once the kernels reading it
-    // are done, and the cursor may wait for the oldest of them (reclaim).
+    // are done, and the cursor may wait for the oldest of them (reclaim). Nor can a running
+    // block's bytes go back as its layers end (Note [Layer by layer]): only a backend whose
+    // layers are done when the compute thread's call returns does that. (Every backend runs a
+    // block's layers as their pieces land: on a GPU their kernels are queued then.)
     bool async = false;
-    // A running block's ring bytes go back as its layers end (Note [Layer by layer]): the
-    // layers are done when the compute thread's call returns. (Every backend runs a block's
-    // layers as their pieces land: on a GPU their kernels are queued then.)
-    bool frees_by_layer = true;
     // Layer times can be measured where the layers run (Note [Learning the costs in service];
     // on a GPU, Note [Timing layers on the GPU] in layer_clock.cpp).
     bool learns = true;

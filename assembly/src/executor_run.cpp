@@ -161,7 +161,7 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   m.running_layer = -1;
   if (m.shed_pending && m.run->next_layer() <= last) return false;
   std::uint64_t n_back = 0;
-  if (pieces && m.caps().frees_by_layer && m.run->next_layer() <= last) {
+  if (pieces && !m.caps().async && m.run->next_layer() <= last) {
     // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
     const int need = m.first_needed(b, m.run->next_layer());
     if (need > cf->first) {

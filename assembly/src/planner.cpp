@@ -57,8 +57,7 @@ ExecutionPlan Planner::plan(std::uint64_t budget, bool* from_grid) const {
     const Partition& part = grid_->lookup(budget - grid_reserve());
     if (part.feasible) {
       ExecutionPlan p = finish_plan(view_, sk_, part.blocks, part.resident, ::swapnet::layer_costs(view_, o), o.cost,
-                                    o.read_ahead, budget, part.retain_block, part.retained_bytes,
-                                    lend_for(view_, o), frees_by_layer(o));
+                                    partition_options(view_, o), budget, part.retain_block, part.retained_bytes);
       if (p.total() <= budget) {
         p.min_budget = weights_min_ + view_.activation_bytes;
         *from_grid = true;
@@ -70,8 +69,8 @@ ExecutionPlan Planner::plan(std::uint64_t budget, bool* from_grid) const {
 }
 
 double Planner::predict(const ExecutionPlan& p, const std::vector<LayerCost>& c, const CostModel& k) const {
-  return finish_plan(view_, sk_, p.blocks, p.resident, c, k, o_.read_ahead, o_.budget, p.retain_block,
-                     p.retained_bytes, lend_for(view_, o_), frees_by_layer(o_))
+  return finish_plan(view_, sk_, p.blocks, p.resident, c, k, partition_options(view_, o_), o_.budget, p.retain_block,
+                     p.retained_bytes)
       .predicted_ms;
 }
 

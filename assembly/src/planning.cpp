@@ -83,9 +83,9 @@ bool host_blocks(const ExecutorOptions& o) {
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
 // the largest consecutive pair for the two-block pipelines.
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
-                          const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
-                          std::uint64_t budget, int retain_block, std::uint64_t retained,
-                          std::uint64_t lend, bool frees_by_layer) {
+                          const std::vector<LayerCost>& costs, const CostModel& m, const PartitionOptions& pipe,
+                          std::uint64_t budget, int retain_block, std::uint64_t retained) {
+  const ReadAhead ra = pipe.read_ahead;
   ExecutionPlan p;
   for (const auto& [first, last] : blocks) {
     std::uint64_t bytes = 0;
@@ -96,8 +96,8 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   part.blocks = blocks;
   part.resident = resident;
   part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
-  part.lend_bytes = ra == ReadAhead::kRing ? lend : 0;  // Note [Lending the activation reserve]
-  part.frees_by_layer = frees_by_layer;
+  part.lend_bytes = ra == ReadAhead::kRing ? pipe.lend : 0;  // Note [Lending the activation reserve]
+  part.frees_by_layer = pipe.frees_by_layer;
   // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
   // whole pages, and never all of it.
   if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
@@ -140,6 +140,15 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
 
 // The deep ring needs the largest layer (Note [A ring of one block]), the two-block pipelines the
 // largest adjacent pair.
+namespace {
+// A pipeline with nothing lent (memory only: min_budget_for, planning_reserve).
+PartitionOptions bare(ReadAhead ra) {
+  PartitionOptions po;
+  po.read_ahead = ra;
+  return po;
+}
+}  // namespace
+
 std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra) {
   const int L = static_cast<int>(info.layers.size());
   if (L == 0) return info.activation_bytes;
@@ -148,10 +157,10 @@ std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhea
   for (int k = 0; k < L; ++k) finest.emplace_back(k, k);
   const CostModel m;
   ExecutionPlan p = finish_plan(info, sk, finest, std::vector<char>(L, 0), costs, m,
-                                ra == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kPaper, 0);
+                                bare(ra == ReadAhead::kRing ? ReadAhead::kRing : ReadAhead::kPaper), 0);
   // The finest partition minimises the largest adjacent pair; one block may still be smaller
   // (a one- or two-layer model).
-  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m, ReadAhead::kPaper, 0);
+  ExecutionPlan one = finish_plan(info, sk, {{0, L - 1}}, {1}, costs, m, bare(ReadAhead::kPaper), 0);
   return std::min(p.total(), one.total());
 }
 
@@ -163,7 +172,7 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
   for (int k = 0; k < static_cast<int>(info.layers.size()); ++k) finest.emplace_back(k, k);
   std::vector<char> none(finest.size(), 0);
   ExecutionPlan p = finish_plan(info, sk, std::move(finest), std::move(none), layer_costs(info, o), o.cost,
-                                ReadAhead::kPaper, 0);
+                                bare(ReadAhead::kPaper), 0);
   return p.activation_bytes + p.pinned_bytes;
 }
 
@@ -178,23 +187,19 @@ std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o) {
              : 0;
 }
 
-// Whether a running block's ring bytes go back as its layers end (Caps::frees_by_layer): the
-// planner's simulation plays what the executor will do.
-bool frees_by_layer(const ExecutorOptions& o) { return backend_caps(o).frees_by_layer; }
-
 // What the partitioner (search and budget grid) is told of these options.
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o) {
   PartitionOptions po;
   po.residency = o.residency;
   po.read_ahead = o.read_ahead;
   po.lend = lend_for(info, o);
-  po.frees_by_layer = frees_by_layer(o);
+  po.frees_by_layer = !backend_caps(o).async;  // the planner's simulation plays what the executor does
   return po;
 }
 
 ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o, const std::string& origin) {
   const ReadAhead ra = o.read_ahead;
-  const std::uint64_t lend = lend_for(info, o);
+  const PartitionOptions pipe = partition_options(info, o);
   const std::uint64_t minimum = min_budget_for(info, sk, ra);
   auto too_small = [&](const std::string& what) {
     return Error(origin + ": budget " + std::to_string(o.budget) + " bytes (" + format_bytes(o.budget) + ") " + what +
@@ -223,8 +228,8 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
       throw Error(origin + ": block " + std::to_string(o.retain_block) + " to keep in part is not one of the " +
                   "partition's swapped blocks (0.." + std::to_string(blocks.size() - 1) + ")");
     }
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget,
-                                  o.retain_block, o.retained_bytes, lend, frees_by_layer(o));
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, pipe, o.budget,
+                                  o.retain_block, o.retained_bytes);
     if (p.total() > o.budget) {
       throw too_small("does not fit this partition (" + std::to_string(p.blocks.size()) + " blocks need " +
                       format_bytes(p.total()) + ")");
@@ -235,10 +240,10 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   if (o.planner == ExecutorOptions::Planner::kOptimal) {
     const std::uint64_t reserve = planning_reserve(info, sk, o);
     if (o.budget > reserve) {
-      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, partition_options(info, o));
+      Partition best = optimal_partition(costs, o.budget - reserve, o.cost, pipe);
       if (best.feasible) {
-        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, ra, o.budget,
-                                      best.retain_block, best.retained_bytes, lend, frees_by_layer(o));
+        ExecutionPlan p = finish_plan(info, sk, best.blocks, best.resident, costs, o.cost, pipe, o.budget,
+                                      best.retain_block, best.retained_bytes);
         if (p.total() <= o.budget) return done(std::move(p));
       }
     }
@@ -248,8 +253,7 @@ ExecutionPlan plan_for(const ImageInfo& info, const Skeleton& sk, const Executor
   for (int n = 1; n <= L; ++n) {
     Blocks blocks = equal_bytes_blocks(costs, n);
     std::vector<char> flags = default_flags(blocks);
-    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, ra, o.budget, -1, 0,
-                                  lend, frees_by_layer(o));
+    ExecutionPlan p = finish_plan(info, sk, std::move(blocks), std::move(flags), costs, o.cost, pipe, o.budget);
     if (p.total() <= o.budget) return done(std::move(p));
   }
   // n = L is the finest partition, which fits any budget >= minimum.

@@ -28,13 +28,13 @@ std::vector<int> block_of_layer(const ImageInfo& info, const Blocks& blocks);
 bool host_blocks(const ExecutorOptions& o);
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
-// the largest consecutive pair for the two-block pipelines. `retain_block` keeps `retained`
-// bytes of that block (Note [Keeping part of a block]); `lend`: the activation reserve the deep
-// ring is lent (Note [Lending the activation reserve]).
+// the largest consecutive pair for the two-block pipelines. The pipeline is `pipe`'s read_ahead,
+// lend (the activation reserve the deep ring is lent: Note [Lending the activation reserve])
+// and frees_by_layer. `retain_block` keeps `retained` bytes of that block (Note [Keeping part
+// of a block]).
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
-                          const std::vector<LayerCost>& costs, const CostModel& m, ReadAhead ra,
-                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0,
-                          std::uint64_t lend = 0, bool frees_by_layer = true);
+                          const std::vector<LayerCost>& costs, const CostModel& m, const PartitionOptions& pipe,
+                          std::uint64_t budget, int retain_block = -1, std::uint64_t retained = 0);
 
 // The least budget of any plan with read-ahead `ra` (Note [A ring of one block]).
 std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra);
@@ -43,10 +43,9 @@ std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhea
 std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const ExecutorOptions& o);
 // The activation reserve the deep ring is lent where activations leave it (0: none).
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o);
-// Whether a running block's ring bytes go back as its layers end (the backend's
-// Caps::frees_by_layer; Partition::frees_by_layer).
-bool frees_by_layer(const ExecutorOptions& o);
-// What the partitioner (search and budget grid) is told of these options.
+// What the partitioner (search and budget grid, finish_plan) is told of these options: the
+// pipeline, lending, and whether a running block's bytes go back as its layers end (not where
+// the backend's kernels run asynchronously, Caps::async).
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o);
 // The plan for o.budget (a given partition, the optimal search, or the fewest equal-byte
 // blocks); throws Error naming `origin`, the budget and the minimum when nothing fits.

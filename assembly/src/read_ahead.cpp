@@ -358,7 +358,7 @@ void BlockCursor::drain() {
 // On the GPU (Note [Swapping onto the GPU] in device_backend.cpp) each piece is handed over to
 // the device as it is waited for, and a layer's kernels are queued once its pieces are in, so
 // the GPU computes a block's first layers while its last megabytes land instead of after them.
-// Nothing is given back early there (Caps::frees_by_layer: the kernels may still read the
+// Nothing is given back early there (Caps::async: the kernels may still read the
 // bytes); the block goes as a whole once its kernels are done. The two-block ring runs layers
 // as their pieces land too, and gives nothing back early (its other end is the next block's).
 // The planner's simulation plays each the same way (simulate_ms by_layer, frees_by_layer).
