@@ -482,41 +482,5 @@ TEST(Executor, CorruptBlockIsCaughtOnFirstFetch) {
   std::remove(img.c_str());
 }
 
-// Plans are predicted for the ring their backend runs (Partition::frees_by_layer from the
-// backend's Caps, Note [Layer by layer]): on the GPU a block's bytes are free only once the
-// block ended, on the host as its layers end. Two blocks in a ring that holds only the larger
-// stream over each other: the same plan is predicted slower for the GPU. (Not the optimal
-// plan: it depends on the layer times measured at pack, and under ASan it streamed over
-// nothing.) Planning for the GPU needs no GPU.
-TEST(Executor, PlansArePredictedForTheRingTheirBackendRuns) {
-  Packed pk = packed("resnet18", {1, 3, 64, 64});
-  ExecutorOptions o;
-  o.lend = false;
-  o.blocks = 2;
-  o.budget = 2 * pk.info.data_size;
-  const ExecutionPlan wide = plan_execution(pk.info, o);
-  ASSERT_EQ(wide.blocks.size(), 2u);
-  ASSERT_EQ(wide.resident_bytes, 0u);
-  const std::uint64_t larger = std::max(wide.block_bytes[0], wide.block_bytes[1]);
-  o.budget = (larger + 4095) / 4096 * 4096 + wide.activation_bytes + wide.pinned_bytes;
-  const ExecutionPlan host = plan_execution(pk.info, o);
-  ExecutorOptions g = o;
-  g.device = ExecutorOptions::Device::kCUDA;
-  const ExecutionPlan gpu = plan_execution(pk.info, g);
-  ASSERT_EQ(host.read_ahead, ReadAhead::kRing);
-  ASSERT_EQ(gpu.read_ahead, ReadAhead::kRing) << "the deep ring, on the GPU too";
-  ASSERT_EQ(gpu.blocks, host.blocks);
-  ASSERT_EQ(gpu.arena_bytes, host.arena_bytes);
-  ASSERT_LT(host.arena_bytes, host.read_bytes) << "a ring too small for both: they stream";
-  const std::vector<LayerCost> costs = layer_costs(pk.info, o);
-  auto simulated = [&](bool frees_by_layer) {
-    return simulate_ms(costs, host.blocks, host.resident, host.arena_bytes, 0, o.cost, true, -1, 0, true, 0,
-                       frees_by_layer);
-  };
-  EXPECT_NEAR(host.predicted_ms, simulated(true), 1e-9);
-  EXPECT_NEAR(gpu.predicted_ms, simulated(false), 1e-9);
-  EXPECT_GT(gpu.predicted_ms, host.predicted_ms) << "the GPU's ring gives nothing back before a block ends";
-}
-
 }  // namespace
 }  // namespace swapnet

@@ -254,13 +254,6 @@ TEST(Partitioner, RingSimulationLayerByLayer) {
   m.alpha_ms_per_byte = 3.0 / kMiB;
   EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, false), 136.0, 1e-9);
   EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true), 96.0, 1e-9);
-  // Where bytes go back only when their block ends (a GPU's ring: frees_by_layer false), layers
-  // still start as their bytes land, but the next block streams in only after the whole block:
-  // at 1 ms per MiB, block 0's layers run at 8-18 and 18-28, block 1 lands 28-44 and runs 36-46
-  // and 46-56: 56 ms per inference, between the 72 block by block and the 40 that freeing by
-  // layer reaches.
-  m.alpha_ms_per_byte = 1.0 / kMiB;
-  EXPECT_NEAR(simulate_ms(l, b, sw, 16 * kMiB, 0, m, true, -1, 0, true, 0, false), 56.0, 1e-9);
 }
 
 // The two-block ring runs layers as their bytes land too, and its blocks leave whole. A block of

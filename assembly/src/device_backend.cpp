@@ -9,9 +9,6 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <chrono>
-#include <deque>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,10 +25,11 @@ namespace swapnet {
 // when the layer returns), and waiting for the device before the ring changes. What a backend
 // cannot do follows from that and is stated in its Caps: the CUDA backend's layers do not run
 // on the calling thread, so it times them with events where they run (Note [Timing layers on
-// the GPU] in layer_clock.cpp; libtorch 2.x), and cannot give a running block's bytes back
-// as its layers end or shed the bytes a running layer does not read (its kernels may still
-// read them; it queues a layer's kernels once the layer's pieces landed, as the host runs it:
-// Note [Layer by layer] in read_ahead.cpp); its activations live in PyTorch's caching
+// the GPU] in layer_clock.cpp; libtorch 2.x), gives a running block's bytes back as its
+// layers' kernels are done rather than as their calls return (Note [Ring space behind the
+// kernels] in kernel_queue.cpp), and cannot shed the bytes a running layer does not read (its
+// kernels may still read them; it queues a layer's kernels once the layer's pieces landed, as
+// the host runs it: Note [Layer by layer] in read_ahead.cpp); its activations live in PyTorch's caching
 // allocator, which the CPU meter does not count, so new input shapes are refused and the
 // activation reserve is not lent. Each of these is a capability a CUDA backend can gain
 // without the pipeline changing: issue 47.
@@ -47,13 +45,16 @@ namespace swapnet {
 // without that rule. Kernels run asynchronously, so a block's ring bytes may only be reused
 // once the kernels reading them are done: after a block's layers are queued, an event is
 // recorded behind them, and the block leaves the ring (oldest first) once its event has
-// passed (reclaim). Otherwise the ring is the host's (Note [Read-ahead ring]): as many blocks
-// ahead as the budget holds, on into the next inference, a block that does not fit yet
-// streamed into the bytes older blocks free, part of a large block kept; a block's layers are
-// queued as their pieces land (Note [Layer by layer] in read_ahead.cpp). Where the next block
-// needs room only executed blocks hold, the thread waits for their kernels: for all but the
-// newest after queueing a block, for all of them where that reads nothing or the next block is
-// needed now (take()).
+// passed (reclaim); the bytes of its first layers go back earlier, behind their own kernels
+// (Note [Ring space behind the kernels] in kernel_queue.cpp). Otherwise the ring is the host's
+// (Note [Read-ahead ring]): as many blocks ahead as the budget holds, on into the next
+// inference, a block that does not fit yet streamed into the bytes older blocks free, part of
+// a large block kept; a block's layers are queued as their pieces land (Note [Layer by layer]
+// in read_ahead.cpp). The reads go on once a block's bytes have landed, before its kernels are
+// queued: the older blocks' kernels have mostly finished while the thread waited, and their
+// room is the next reads'. Where the next block needs room only executed blocks hold, the
+// thread waits for their kernels: for all but the newest after queueing a block, for all of
+// them where that reads nothing or the next block is needed now (take()).
 //
 // The GPU's ring used to hold two blocks, one at each end (the paper's pipeline): one read in
 // flight at a time, and the disk idle from a block's last byte until the thread had queued its
@@ -65,14 +66,45 @@ namespace swapnet {
 // at open), the ring is host memory pinned with cudaHostRegister instead.
 // Activations live in PyTorch's CUDA caching allocator; the budget reserves the activation
 // bytes measured on the CPU at pack time (the same tensors; cuDNN workspaces are not counted).
+DeviceBackend::DeviceBackend(Caps caps, c10::Device device, LayerClock::MakeMark marks)
+    : caps_(caps), device_(device) {
+  if (caps_.async) {
+    if (!marks) throw Error("internal: a backend whose layers run asynchronously needs marks");
+    queue_ = std::make_unique<KernelQueue>(std::move(marks));
+  }
+}
+
+void DeviceBackend::block_done(BlockRing& ring) {
+  if (queue_) {
+    queue_->block_done();
+  } else {
+    ring.pop();
+  }
+}
+
+bool DeviceBackend::release_front(BlockRing& ring, char* until) {
+  if (!queue_) {
+    const std::uint64_t n = ring.release_front_until(until);
+    released_early_ += n;
+    return n > 0;
+  }
+  queue_->release(until);
+  const KernelQueue::Freed f = queue_->reclaim(ring, false, false);
+  released_early_ += f.early;
+  return f.early > 0 || f.blocks > 0;
+}
+
+void DeviceBackend::reclaim(BlockRing& ring, bool wait, bool one) {
+  if (queue_) released_early_ += queue_->reclaim(ring, wait, one).early;
+}
+
 namespace {
 
 class HostBackend : public DeviceBackend {
  public:
-  HostBackend() : HostBackend(Caps{}) {}
+  HostBackend() : HostBackend(Caps{}, nullptr) {}
   const char* name() const override { return "host"; }
   void configure(const std::string&, ExecutorOptions*) override {}
-  void block_done(BlockRing& ring) override { ring.pop(); }
   void layer_ended(int layer, double host_ms) override { times_.emplace_back(layer, host_ms); }
   void take_layer_times(bool, const std::function<void(int, double)>& f) override {
     for (const auto& [layer, ms] : times_) f(layer, ms);
@@ -81,7 +113,8 @@ class HostBackend : public DeviceBackend {
   void forget_layer_times() override { times_.clear(); }
 
  protected:
-  explicit HostBackend(Caps caps) : DeviceBackend(caps, c10::Device(c10::DeviceType::CPU)) {}
+  HostBackend(Caps caps, LayerClock::MakeMark marks)
+      : DeviceBackend(caps, c10::Device(c10::DeviceType::CPU), std::move(marks)) {}
 
  private:
   std::vector<std::pair<int, double>> times_;  // ended, not yet taken
@@ -91,36 +124,52 @@ DeviceBackend::Caps cuda_caps();
 
 // Note [The CUDA backend's host twin]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The GPU's pipeline differs from the CPU's in its Caps (asynchronous hand-back of a block's ring
-// space, whole, not layer by layer; no lending or shedding), not in code: SWAPNET_DEVICE_TWIN=cuda
-// runs an executor on the CPU with exactly those, so that what the GPU path's structure costs
-// can be measured and changed where no GPU is. Its layers run on the CPU (its tensors, memory
-// and times are the host's), and a block's kernels count as done once the next block's are
-// queued (a real GPU's are still running right after they were queued, so the cursor's look at the block's end finds them running; by the
-// next block's end they are done, as on a GPU with little compute per block). Under an
-// emulated slow disk (SWAPNET_EMULATE_READ) the CPU's compute is small beside the reads, as a
-// GPU's is beside a fast disk, so the twin shows where the GPU path leaves the disk idle.
+// The GPU's pipeline differs from the CPU's in its Caps (ring space handed back behind the
+// "kernels", asynchronously; no lending or shedding), not in code: SWAPNET_DEVICE_TWIN=cuda runs
+// an executor on the CPU with exactly those, so that what the GPU path's structure costs can be
+// measured and changed where no GPU is. Its layers run on the CPU (its tensors, memory and times
+// are the host's); its marks (Note [Ring space behind the kernels] in kernel_queue.cpp) stand
+// for a GPU whose kernels trail the thread that queues them, and take little time beside the
+// disk: a mark passes once a later one has been put (right after its block was queued, the
+// block's kernels still run, so the pipeline's waits for them are exercised), or once the thread
+// has waited for a read since it was put (the GPU did its queue meanwhile), or when waited for.
+// Until 2026-11-29 only the first rule held, so a block's ring space was held until the next
+// block's layers had run on the CPU: the twin showed the disk idle for that compute once per
+// block (resnet101 at 1/3 on an emulated 50 MB/s disk: busy 80 % against the host's 96 %), which a
+// GPU with little compute per block does not. Under an emulated slow disk (SWAPNET_EMULATE_READ)
+// the CPU's compute is small beside the reads, as a GPU's is beside a fast disk, so the twin
+// shows where the GPU path leaves the disk idle.
+struct TwinDevice {
+  std::uint64_t put = 0;  // marks put so far
+  std::uint64_t ran = 0;  // marks put before the thread's last wait for a read
+};
+
+class TwinMark final : public Mark {
+ public:
+  explicit TwinMark(std::shared_ptr<TwinDevice> d) : d_(std::move(d)) {}
+  void put() override {
+    at_ = ++d_->put;
+    waited_ = false;
+  }
+  bool passed() override { return waited_ || d_->put > at_ || d_->ran >= at_; }
+  void wait() override { waited_ = true; }
+  double ms_since(Mark&) override { return 0; }  // the twin times layers on the host
+
+ private:
+  std::shared_ptr<TwinDevice> d_;
+  std::uint64_t at_ = 0;
+  bool waited_ = false;
+};
+
 class CudaTwinBackend final : public HostBackend {
  public:
-  CudaTwinBackend() : HostBackend(twin_caps()) {}
+  CudaTwinBackend() : CudaTwinBackend(std::make_shared<TwinDevice>()) {}
   const char* name() const override { return "cuda-twin"; }
   void configure(const std::string& image, ExecutorOptions*) override {
     log_once(LogLevel::kWarn, "cuda_twin",
              image + ": SWAPNET_DEVICE_TWIN=cuda: the CUDA backend's pipeline on the CPU (Note [The CUDA backend's host twin])");
   }
-  void block_done(BlockRing&) override { ++pending_; }
-  // Every pending block but the newest is done: its "kernels" are done once the next is queued.
-  void reclaim(BlockRing& ring, bool wait, bool one) override {
-    while (pending_ > 0 && (wait || pending_ > 1)) {
-      --pending_;
-      ring.pop();
-      if (one) break;
-    }
-  }
-  std::size_t pending() const override { return pending_; }
-  void idle(BlockRing* ring) override {
-    if (ring != nullptr) reclaim(*ring, true, false);
-  }
+  void waited_for_reads() override { device_->ran = device_->put; }
   static Caps twin_caps() {
     Caps c = cuda_caps();
     c.learns = true;      // the host's times
@@ -129,12 +178,17 @@ class CudaTwinBackend final : public HostBackend {
   }
 
  private:
-  std::size_t pending_ = 0;  // executed swapped blocks not yet popped
+  explicit CudaTwinBackend(std::shared_ptr<TwinDevice> d)
+      : HostBackend(twin_caps(), [d] { return std::make_unique<TwinMark>(d); }), device_(std::move(d)) {}
+  std::shared_ptr<TwinDevice> device_;
 };
 
 // A CUDA event with timing on the current stream (Note [Timing layers on the GPU]).
 class CudaMark final : public Mark {
  public:
+  // Timed where layers are timed (BACKEND_DEFAULT); PYTORCH_DEFAULT for ring space: an event
+  // without timing is lighter.
+  explicit CudaMark(c10::EventFlag flag = c10::EventFlag::BACKEND_DEFAULT) : event_(c10::DeviceType::CUDA, flag) {}
   void put() override { event_.record(current_stream()); }
   bool passed() override { return event_.query(); }
   double ms_since(Mark& start) override { return compat::event_ms(static_cast<CudaMark&>(start).event_, event_); }
@@ -144,7 +198,7 @@ class CudaMark final : public Mark {
   }
 
  private:
-  c10::Event event_{c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT};
+  c10::Event event_;
 };
 
 DeviceBackend::Caps cuda_caps() {
@@ -159,7 +213,10 @@ DeviceBackend::Caps cuda_caps() {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend() : DeviceBackend(cuda_caps(), c10::Device(c10::DeviceType::CUDA, 0)) {}
+  CudaBackend()
+      : DeviceBackend(cuda_caps(), c10::Device(c10::DeviceType::CUDA, 0), [] {
+          return std::make_unique<CudaMark>(c10::EventFlag::PYTORCH_DEFAULT);
+        }) {}
   const char* name() const override { return "cuda"; }
 
   void configure(const std::string& image, ExecutorOptions* o) override {
@@ -229,41 +286,17 @@ class CudaBackend final : public DeviceBackend {
       if (v.isTensor() && v.toTensor().is_cpu()) v = v.toTensor().to(device());
     }
   }
-  void block_done(BlockRing&) override {
-    if (spare_.empty()) {
-      pending_.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
-    } else {  // recorded again: an event per block in flight, not one made per block
-      pending_.push_back(std::move(spare_.back()));
-      spare_.pop_back();
-    }
-    pending_.back()->record(stream());
-  }
-  void reclaim(BlockRing& ring, bool wait, bool one) override {
-    while (!pending_.empty()) {
-      if (!pending_.front()->query()) {
-        if (!wait) return;
-        while (!pending_.front()->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-      spare_.push_back(std::move(pending_.front()));
-      pending_.pop_front();
-      ring.pop();
-      if (one) return;
-    }
-  }
-  std::size_t pending() const override { return pending_.size(); }
   void layer_began(int layer) override { clock_.began(layer); }
   void layer_ended(int layer, double) override { clock_.ended(layer); }
   void take_layer_times(bool wait, const std::function<void(int, double)>& f) override { clock_.take(wait, f); }
   void forget_layer_times() override { clock_.forget(); }
   void idle(BlockRing* ring) override {
-    if (ring != nullptr) reclaim(*ring, true, false);
+    DeviceBackend::idle(ring);
     c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeStream(stream());
   }
 
  private:
   c10::Stream stream() const { return CudaMark::current_stream(); }
-  std::deque<std::unique_ptr<c10::Event>> pending_;  // per executed swapped block not yet popped
-  std::vector<std::unique_ptr<c10::Event>> spare_;   // passed, to be recorded again
   LayerClock clock_{[] { return std::make_unique<CudaMark>(); }};
 };
 

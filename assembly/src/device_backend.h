@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kernel_queue.h"
+#include "layer_clock.h"
 #include "swapnet/assembly.h"
 
 namespace swapnet {
@@ -23,10 +25,10 @@ class DeviceBackend {
  public:
   struct Caps {
     // Kernels run asynchronously: a swapped block's ring space goes once the kernels reading it
-    // are done, and the cursor may wait for the oldest of them (reclaim). Nor can a running
-    // block's bytes go back as its layers end (Note [Layer by layer]): only a backend whose
-    // layers are done when the compute thread's call returns does that. (Every backend runs a
-    // block's layers as their pieces land: on a GPU their kernels are queued then.)
+    // are done, and the cursor may wait for the oldest of them (reclaim); a running block's
+    // bytes go back as its layers' kernels are done (Note [Ring space behind the kernels] in
+    // kernel_queue.cpp), not as the calling thread's call returns. (Every backend runs a block's
+    // layers as their pieces land: on a GPU their kernels are queued then.)
     bool async = false;
     // Layer times can be measured where the layers run (Note [Learning the costs in service];
     // on a GPU, Note [Timing layers on the GPU] in layer_clock.cpp).
@@ -63,14 +65,29 @@ class DeviceBackend {
   // The inference's inputs, where its layers run.
   virtual void place_inputs(std::vector<c10::IValue>* inputs) const {}
   // A swapped block's layers are queued: its ring space goes when they are done (host: now).
-  virtual void block_done(BlockRing& ring) = 0;
-  // Pops the ring entries of executed blocks whose kernels are done (all of them, waiting, if
-  // `wait`; only the oldest one, waiting, if `one`).
-  virtual void reclaim(BlockRing& ring, bool wait, bool one = false) {}
+  void block_done(BlockRing& ring);
+  // The layers queued so far no longer read the bytes of the ring's oldest block (the one
+  // executing) before `until` (Note [Layer by layer] in read_ahead.cpp): given back now on the
+  // host, once the device has done those layers where they run asynchronously (Note [Ring space
+  // behind the kernels]). Whether ring space was given back by this call (async: also what
+  // earlier calls released and the device has done since), so that the cursor reads on.
+  bool release_front(BlockRing& ring, char* until);
+  // Applies to the ring what executed work the device has done: pops the entries of executed
+  // blocks and gives back the bytes running blocks' kernels no longer read (all of it, waiting,
+  // if `wait`; up to the oldest block's pop, waiting, if `one`). Nothing on the host.
+  void reclaim(BlockRing& ring, bool wait, bool one = false);
   // Executed blocks whose ring space waits for their kernels.
-  virtual std::size_t pending() const { return 0; }
+  std::size_t pending() const { return queue_ ? queue_->blocks() : 0; }
+  // Bytes of running blocks given back before the block ended, since the backend was made.
+  std::uint64_t released_early() const { return released_early_; }
+  // The calling thread waited (blocked) for a read: a device doing its queue meanwhile may be
+  // done with more of it. Only the host twin's marks need telling (Note [The CUDA backend's
+  // host twin]); a GPU's events know.
+  virtual void waited_for_reads() {}
   // Nothing queued reads any block: before the ring is resized, re-read or freed.
-  virtual void idle(BlockRing* ring) {}
+  virtual void idle(BlockRing* ring) {
+    if (ring != nullptr) reclaim(*ring, true);
+  }
   // Layer times, where costs are learned (Caps::learns): the compute thread is about to queue a
   // layer's work / has queued it (`host_ms`: how long that call took, the layer's time where it
   // runs on that thread). take_layer_times hands the times known by now to `f`, oldest first,
@@ -83,11 +100,15 @@ class DeviceBackend {
   virtual void forget_layer_times() = 0;
 
  protected:
-  DeviceBackend(Caps caps, c10::Device device) : caps_(caps), device_(device) {}
+  // `marks`: where Caps::async, the marks put behind the device's work (Note [Ring space behind
+  // the kernels]).
+  DeviceBackend(Caps caps, c10::Device device, LayerClock::MakeMark marks = nullptr);
 
  private:
   Caps caps_;
   c10::Device device_;
+  std::unique_ptr<KernelQueue> queue_;  // where Caps::async
+  std::uint64_t released_early_ = 0;
 };
 
 // The backend for the device `o` names: the host (layers run on the calling thread, on host

@@ -61,8 +61,9 @@ namespace swapnet {
 // inside the block come along), and the inference goes on. The reads dropped are the price of
 // giving memory back within one layer.
 //
-// GPU: kernels run asynchronously, so a swapped block's ring space is popped only once an event
-// recorded behind its kernels has completed (DeviceBackend::reclaim); the cursor waits for the
+// GPU: kernels run asynchronously, so a swapped block's ring space is popped (or given back in
+// part, layer by layer) only once an event recorded behind its kernels has completed
+// (DeviceBackend::reclaim, Note [Ring space behind the kernels]); the cursor waits for the
 // oldest such event when the next block does not fit otherwise (Note [Swapping onto the GPU]).
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

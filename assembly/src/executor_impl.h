@@ -55,7 +55,6 @@ struct Executor::Impl {
     double bind_seconds = 0;               // spent in bind_layers (assembly by reference)
     std::uint64_t bound_tensors = 0;       // tensors bound by it
     std::uint64_t layers_started_early = 0;  // layers run before the rest of their block landed
-    std::uint64_t released_early = 0;      // ring bytes given back before their block ended
     std::uint64_t read_at_layer_end = 0;   // fetches pushed by the pump after a layer (lending)
     std::int64_t inferences = 0;           // finished
   } counters;

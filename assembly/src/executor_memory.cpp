@@ -100,7 +100,7 @@ Executor::PipelineStats Executor::pipeline_stats() const {
   PipelineStats p;
   p.read_wait_ms = impl_->cursor->stats().read_wait_seconds * 1e3;
   p.layers_started_early = impl_->counters.layers_started_early;
-  p.released_early_bytes = impl_->counters.released_early;
+  p.released_early_bytes = impl_->backend->released_early();
   p.read_past_streamed = impl_->cursor->stats().read_past_streamed;
   p.read_at_layer_end = impl_->counters.read_at_layer_end;
   const ZoneLender::Stats z = impl_->lender.stats();

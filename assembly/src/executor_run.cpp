@@ -118,7 +118,10 @@ void bind_block(Executor::Impl& m, int b) {
   m.bind_range(f.first, last, at);
   if (f.resident && f.first == first) m.w.kept_state[b] = Weights::Kept::kLoaded;
   m.rebind_pinned();
-  if (!m.caps().async) m.pump();  // the CPU computes now: queue what fits before it does
+  // Reads on before the block's work: on the host the CPU computes now; on a GPU the older
+  // blocks' kernels have likely finished while this thread waited for this block's bytes, and
+  // their room goes to the next reads now rather than after this block's kernels are queued.
+  m.pump();
 }
 
 // Runs the next layer of block b, read as `cf` (its layers run as its pieces land where
@@ -160,21 +163,19 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   m.lender.measure(m.running_layer);
   m.running_layer = -1;
   if (m.shed_pending && m.run->next_layer() <= last) return false;
-  std::uint64_t n_back = 0;
-  if (pieces && !m.caps().async && m.run->next_layer() <= last) {
-    // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead.
+  bool freed = false;
+  if (pieces && m.w.ring->deep() && m.run->next_layer() <= last) {  // two-ended: the other end is the next block's
+    // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead
+    // (on a GPU once the kernels queued so far are done: Note [Ring space behind the kernels]).
     const int need = m.first_needed(b, m.run->next_layer());
-    if (need > cf->first) {
-      n_back = m.w.ring->release_front_until(cf->at + (m.offset(need) - m.offset(cf->first)));
-      m.counters.released_early += n_back;
-    }
+    if (need > cf->first) freed = m.backend->release_front(*m.w.ring, cf->at + (m.offset(need) - m.offset(cf->first)));
   }
   // Reads on: a block streaming over the bytes given back; and, lending, a block whose limit
   // the layer that ended was the last in the way of (the zone its activations needed is free
   // now), also inside a resident block or one read whole (Note [Lending the activation
   // reserve]).
   const bool lending = m.lender.lends() && m.caps().meters_activations && m.run->next_layer() <= last;
-  if (n_back > 0 || lending) {
+  if (freed || lending) {
     const std::uint64_t pushed = m.cursor->fetches_pushed();
     m.pump();
     if (lending) m.counters.read_at_layer_end += m.cursor->fetches_pushed() - pushed;

@@ -35,6 +35,10 @@ namespace swapnet {
 // untimed, so the learner sees no whole inference and the plan keeps the costs it has; so does a
 // device that has not passed a mark 10 s after the inference ended (a hung kernel: the
 // executor's lock is held meanwhile, and a budget change waits for it).
+void Mark::wait() {
+  while (!passed()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
 void LayerClock::began(int layer) {
   if (!off_.empty()) return;
   if (open_.start) spare(open_);  // began twice (a layer that threw): the first is void

@@ -20,6 +20,8 @@ class Mark {
   virtual ~Mark() = default;
   virtual void put() = 0;
   virtual bool passed() = 0;
+  // Returns once the device has passed this mark.
+  virtual void wait();
   // Milliseconds from `start` to this mark, both passed.
   virtual double ms_since(Mark& start) = 0;
 };

@@ -97,7 +97,6 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   part.resident = resident;
   part.ring_depth = ra == ReadAhead::kTwoEnded ? 2 : 0;
   part.lend_bytes = ra == ReadAhead::kRing ? pipe.lend : 0;  // Note [Lending the activation reserve]
-  part.frees_by_layer = pipe.frees_by_layer;
   // Part of a block kept (Note [Keeping part of a block]): the deep ring's, of a swapped block,
   // whole pages, and never all of it.
   if (ra == ReadAhead::kRing && retain_block >= 0 && retain_block < static_cast<int>(blocks.size()) &&
@@ -193,7 +192,6 @@ PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions&
   po.residency = o.residency;
   po.read_ahead = o.read_ahead;
   po.lend = lend_for(info, o);
-  po.frees_by_layer = !backend_caps(o).async;  // the planner's simulation plays what the executor does
   return po;
 }
 

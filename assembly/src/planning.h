@@ -29,8 +29,8 @@ bool host_blocks(const ExecutorOptions& o);
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
 // the largest consecutive pair for the two-block pipelines. The pipeline is `pipe`'s read_ahead,
-// lend (the activation reserve the deep ring is lent: Note [Lending the activation reserve])
-// and frees_by_layer. `retain_block` keeps `retained` bytes of that block (Note [Keeping part
+// and lend (the activation reserve the deep ring is lent: Note [Lending the activation
+// reserve]). `retain_block` keeps `retained` bytes of that block (Note [Keeping part
 // of a block]).
 ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks blocks, std::vector<char> resident,
                           const std::vector<LayerCost>& costs, const CostModel& m, const PartitionOptions& pipe,

@@ -358,10 +358,10 @@ void BlockCursor::drain() {
 // On the GPU (Note [Swapping onto the GPU] in device_backend.cpp) each piece is handed over to
 // the device as it is waited for, and a layer's kernels are queued once its pieces are in, so
 // the GPU computes a block's first layers while its last megabytes land instead of after them.
-// Nothing is given back early there (Caps::async: the kernels may still read the
-// bytes); the block goes as a whole once its kernels are done. The two-block ring runs layers
-// as their pieces land too, and gives nothing back early (its other end is the next block's).
-// The planner's simulation plays each the same way (simulate_ms by_layer, frees_by_layer).
+// The bytes the rest of the block no longer reads go back there too, once the kernels queued so
+// far are done (Note [Ring space behind the kernels] in kernel_queue.cpp). The two-block ring
+// runs layers as their pieces land too, and gives nothing back early (its other end is the next
+// block's). The planner's simulation plays each the same way (simulate_ms by_layer).
 bool BlockCursor::layer_by_layer(const Fetch& f) const {
   return cfg_.layer_by_layer && w_.ring && !f.resident && f.block != w_.plan.retain_block &&
          f.bytes - f.skip > kPiece && checks_for(f.first, f.last).empty();
@@ -375,7 +375,10 @@ Status BlockCursor::timed_wait(const Fetch& f) {
   Status st = wait_reads(f);
   const auto t1 = std::chrono::steady_clock::now();
   stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-  if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
+  if (t1 - t0 >= kTraceWaitMin) {
+    backend_.waited_for_reads();
+    trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
+  }
   return st;
 }
 // Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; waited_ counts
@@ -397,7 +400,10 @@ Status BlockCursor::wait_pieces(const Fetch& f, int k) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-  if (t1 - t0 >= kTraceWaitMin) trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
+  if (t1 - t0 >= kTraceWaitMin) {
+    backend_.waited_for_reads();
+    trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
+  }
   return st;
 }
 // Cancels and waits for the pieces of `f` not waited for yet (f.pieces[waited_..]).

@@ -83,8 +83,7 @@ void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partitio
   part->predicted_ms = part->ring_bytes == 0
                            ? predict_ms(layers, part->blocks, part->resident, m)
                            : simulate_ms(layers, part->blocks, part->resident, part->ring_bytes, part->ring_depth, m,
-                                         true, part->retain_block, part->retained_bytes, true, part->lend_bytes,
-                                         part->frees_by_layer);
+                                         true, part->retain_block, part->retained_bytes, true, part->lend_bytes);
 }
 
 }  // namespace swapnet

@@ -360,7 +360,6 @@ struct Search {
       assemble(mask, sw, &c);
       c.ring_depth = options.read_ahead == ReadAhead::kTwoEnded ? 2 : 0;
       c.lend_bytes = deep ? options.lend : 0;
-      c.frees_by_layer = options.frees_by_layer;
       evaluate(layers, m, &c);  // arena_bytes first: the two-ended ring is just that
       if ((c.ring_depth == 2 ? c.arena_bytes : c.block_max) > room) continue;
       c.ring_bytes = c.read_bytes == 0 ? 0 : c.ring_depth == 2 ? c.arena_bytes : room;

@@ -33,7 +33,7 @@ struct Item {
   double io, bind, ex, out;
   bool first = false;  // the rest of a block kept in part: read into the ring's first bytes
   int i = 0, j = -1;   // its layers
-  bool layered = false;  // runs layer by layer as its bytes land (frees_by_layer: gives them back as it goes)
+  bool layered = false;  // runs layer by layer as its bytes land, and gives them back as it goes
 };
 
 // One item per block; `*swapped` counts the swapped ones.
@@ -87,7 +87,6 @@ struct Simulation {
   const int ring_depth;
   const bool stream;
   const std::uint64_t lend;
-  const bool frees_by_layer;
   const int L;
   const bool lends;
   std::vector<double> read_done, finish;
@@ -112,7 +111,7 @@ struct Simulation {
 
   Simulation(const std::vector<LayerCost>& layers_in, const Blocks& blocks_in, const CostModel& m_in,
              const Prefix& p_in, const std::vector<Item>& items_in, size_t swapped_in, std::uint64_t ring_bytes,
-             int ring_depth_in, bool stream_in, std::uint64_t lend_in, bool frees_by_layer_in)
+             int ring_depth_in, bool stream_in, std::uint64_t lend_in)
       : layers(layers_in),
         blocks(blocks_in),
         m(m_in),
@@ -124,7 +123,6 @@ struct Simulation {
         ring_depth(ring_depth_in),
         stream(stream_in),
         lend(lend_in),
-        frees_by_layer(frees_by_layer_in),
         L(static_cast<int>(layers_in.size())),
         lends(lend_in > 0 && ring_depth_in == 0),
         read_done(total, 0),
@@ -209,11 +207,11 @@ struct Simulation {
     }
   }
 
-  // When the byte at `x` of held item g is free: once its layer ended (layered, where bytes free
-  // by layer), else once the item ended.
+  // When the byte at `x` of held item g is free: once its layer ended (layered), else once the
+  // item ended.
   double free_at_byte(size_t g, std::uint64_t x) const {
     const Item& it = items[g % n];
-    if (!it.layered || !frees_by_layer) return finish[g];
+    if (!it.layered) return finish[g];
     // The first layer l of the item whose bytes end past x: bytes[l + 1] > bytes[i] + x.
     const auto end = p.bytes.begin() + it.j + 2;
     const auto at = std::upper_bound(p.bytes.begin() + it.i + 1, end, p.bytes[it.i] + x);
@@ -385,7 +383,7 @@ struct Simulation {
 
 double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, const std::vector<char>& resident,
                    std::uint64_t ring_bytes, int ring_depth, const CostModel& m, bool stream, int retain_block,
-                   std::uint64_t retained_bytes, bool by_layer, std::uint64_t lend, bool frees_by_layer) {
+                   std::uint64_t retained_bytes, bool by_layer, std::uint64_t lend) {
   Prefix p(layers);
   size_t swapped = 0;
   // Layer by layer (Note [Layer by layer] in assembly/src/read_ahead.cpp): the ring, deep or of
@@ -396,7 +394,7 @@ double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks, c
   const size_t n = items.size();
   if (n == 0) return m.inference_ms;
   if (swapped == 0) return p.ex(0, static_cast<int>(layers.size()) - 1) + m.inference_ms;
-  Simulation sim(layers, blocks, m, p, items, swapped, ring_bytes, ring_depth, stream, lend, frees_by_layer);
+  Simulation sim(layers, blocks, m, p, items, swapped, ring_bytes, ring_depth, stream, lend);
   return sim.run();
 }
 

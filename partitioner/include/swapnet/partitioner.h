@@ -90,9 +90,6 @@ struct Partition {
   // The activation reserve the ring may use where activations leave it (deep ring only;
   // simulate_ms's `lend`): not part of memory(), which the reserve is planned beside.
   std::uint64_t lend_bytes = 0;
-  // A running block's ring bytes are free as its layers end (the host); false: when the block
-  // ends (a GPU, whose kernels may still read them). simulate_ms's `frees_by_layer`.
-  bool frees_by_layer = true;
   std::uint64_t memory() const {
     return std::max(ring_depth == 0 && ring_bytes > 0 ? block_max : arena_bytes, ring_bytes) + resident_bytes +
            retained_bytes;
@@ -116,14 +113,12 @@ SWAPNET_API double predict_ms(const std::vector<LayerCost>& layers, const Blocks
 // the activation reserve, after the ring's last byte, lent to blocks where the layers from the
 // one running when a block's read starts to the block's last leave it (their LayerCost peak or
 // live bytes), as the executor does on host memory (Note [Lending the activation reserve] in
-// assembly/src/zone_lender.cpp). `frees_by_layer` false: a block's bytes are free only once it
-// ended, also for a block streaming over them (the GPU's ring: Partition::frees_by_layer).
+// assembly/src/zone_lender.cpp).
 inline constexpr std::uint64_t kStreamPieceBytes = 2 << 20;
 SWAPNET_API double simulate_ms(const std::vector<LayerCost>& layers, const Blocks& blocks,
                                const std::vector<char>& resident, std::uint64_t ring_bytes, int ring_depth,
                                const CostModel& m, bool stream = true, int retain_block = -1,
-                               std::uint64_t retained_bytes = 0, bool by_layer = true, std::uint64_t lend = 0,
-                               bool frees_by_layer = true);
+                               std::uint64_t retained_bytes = 0, bool by_layer = true, std::uint64_t lend = 0);
 // Fills arena_bytes, resident_bytes, read_bytes and predicted_ms of `p` from its blocks, flags and
 // ring (predict_ms when ring_bytes is 0, else simulate_ms).
 SWAPNET_API void evaluate(const std::vector<LayerCost>& layers, const CostModel& m, Partition* p);
@@ -192,7 +187,6 @@ struct PartitionOptions {
   // kRing: the activation reserve beside the capacity, lent to the ring where activations leave
   // it (Partition::lend_bytes); 0: none.
   std::uint64_t lend = 0;
-  bool frees_by_layer = true;  // Partition::frees_by_layer
 };
 // The best partition fitting `capacity` (infeasible below min_arena_bytes()): resident layers,
 // cuts and (but for kPaper) the ring, chosen together by prediction.
