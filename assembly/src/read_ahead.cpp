@@ -112,11 +112,12 @@ void BlockCursor::pump(const Position& pos, KernelWait wait) {
   lender_.sync(k);  // the zone's floor follows the blocks held
 }
 bool BlockCursor::starved() const {
-  if (fetches_.empty()) return true;
+  if (fetches_.empty()) return !at_ahead_limit_;
   const Fetch& f = fetches_.front();
   return f.streamed() && std::find(f.pieces.begin(), f.pieces.end(), BlockReader::Ticket{0}) != f.pieces.end();
 }
 void BlockCursor::pump_reads(const Position& pos, KernelWait wait) {
+  at_ahead_limit_ = false;
   if (pos.stopped || w_.plan.blocks.empty()) return;
   // A streamed block's pieces whose bytes are free now (GPU: older blocks whose kernels are done
   // are gone first, all of them with kAll); blocks that overlap nothing held may still go after
@@ -130,6 +131,7 @@ void BlockCursor::pump_reads(const Position& pos, KernelWait wait) {
   const int n = static_cast<int>(w_.plan.blocks.size());
   for (int guard = 0; guard < 2 * n + 2; ++guard) {
     if (rd_beyond || (rd_next && (!cfg_.cross_inference || rd_block >= pos.cur))) {
+      at_ahead_limit_ = true;
       return held("held: an inference ahead", rd_block);
     }
     Fetch f = cursor_fetch();

@@ -87,8 +87,9 @@ class BlockCursor {
   // Submits every read the ring (and the cursor's limits) allow now, waiting for kernels as
   // `wait` says; the zone's floor follows.
   void pump(const Position& pos, KernelWait wait = KernelWait::kNone);
-  // Whether the next read waits for room: nothing is read ahead, or the oldest read ahead streams
-  // with pieces not submitted yet (GPU: room only executed blocks' kernels may hold).
+  // Whether the next read waits for room: nothing is read ahead though the cursor is not at its
+  // limit (one inference ahead: the rest resident and loaded, say), or the oldest read ahead
+  // streams with pieces not submitted yet (GPU: room only executed blocks' kernels may hold).
   bool starved() const;
   // Waits for the front fetch, which must be block `b` of this inference, and makes it the
   // executing one: whole, or (runs_by_layer) its first layer's pieces.
@@ -176,6 +177,7 @@ class BlockCursor {
   // Note [Tracing]: this executor's group, and why the cursor last stopped (traced on change).
   std::uint32_t tgroup_ = 0;
   const char* held_why_ = nullptr;
+  bool at_ahead_limit_ = false;  // the last pump stopped one inference ahead (starved())
   int held_block_ = -1;
 };
 
