@@ -283,7 +283,9 @@ open(rows, "a").write(json.dumps({"kind": "latency", "model": name, "fraction": 
     "direct_ms": d, "swapnet_ms": s, "ratio_vs_direct": j.get("ratio_vs_direct"), "raw_io_mb_s": j.get("raw_io_mb_s"),
     "io_bound_ms": j.get("io_bound_ms"), "ratio_vs_bound": j.get("ratio_vs_bound"), "blocks": j.get("num_blocks"),
     "equal": j.get("equal"), "memory": j.get("memory"), "bytes_read_per_inference": j.get("bytes_read_per_inference"),
-    "disk_mb_s_while_busy": (j.get("pipeline") or {}).get("disk_mb_s_while_busy"), "learning": j.get("learning")}) + "\n")
+    "disk_mb_s_while_busy": (j.get("pipeline") or {}).get("disk_mb_s_while_busy"), "learning": j.get("learning"),
+    # Note [Ring space behind the kernels]: how busy the disk was, and the bytes given back by layer.
+    "pipeline": {k: (j.get("pipeline") or {}).get(k) for k in ("disk_busy_fraction", "released_early_bytes", "layers_started_early")}}) + "\n")
 busy = (j.get("pipeline") or {}).get("disk_mb_s_while_busy") or 0
 print(f"| {name} | 1/{frac} ({b / 2**20:.1f} MiB) | {how} | {d:.2f} | {s:.2f} | {j.get('ratio_vs_direct', 0):.3f} | "
       f"{j.get('raw_io_mb_s', 0):.0f} | {busy:.0f} | {j.get('io_bound_ms', 0):.2f} | {j.get('ratio_vs_bound', 0):.3f} | {j.get('num_blocks')} | {j.get('equal')} |")
