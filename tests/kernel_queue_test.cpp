@@ -83,7 +83,8 @@ TEST(KernelQueue, BytesGoBackOnlyBehindTheDevicesWork) {
   EXPECT_EQ(d.made, 2) << "the first release's mark, passed, was put again for the block's end";
 }
 
-// A release no further than the last one of its block puts no mark; block_done starts anew.
+// A release no further than the last one of its block puts no mark; block_done starts anew, so
+// the next block's releases count even where it lies below the last one (the ring wrapped).
 TEST(KernelQueue, AReleaseThatGivesNothingMorePutsNoMark) {
   Device d;
   KernelQueue q = queue_on(d);
@@ -95,13 +96,42 @@ TEST(KernelQueue, AReleaseThatGivesNothingMorePutsNoMark) {
   q.release(nullptr);
   EXPECT_EQ(q.size(), 1u);
   q.block_done();
-  char* b = static_cast<char*>(ring->push(2 * kMiB));
-  ASSERT_NE(b, nullptr);
+  d.done = d.queued;
+  q.reclaim(*ring, false, false);
+  ASSERT_EQ(ring->blocks(), 0u);
+  char* b = static_cast<char*>(ring->push(4 * kMiB));
+  ASSERT_EQ(b, a) << "an empty ring starts over at its first byte";
   q.release(b + kMiB);
-  EXPECT_EQ(q.size(), 3u);
+  EXPECT_EQ(q.size(), 1u) << "below a's last release, yet b's first";
+  q.release(b + 3 * kMiB);
+  EXPECT_EQ(q.size(), 2u);
 }
 
-// Waiting: everything, or the releases and the oldest block only (`one`); marks are put again.
+// A block's release queued behind the end of the block before it waits for that end: applied
+// first, it would have been given to the older block (release_front_until works on the oldest).
+TEST(KernelQueue, AReleaseWaitsForTheBlocksBeforeItsOwn) {
+  Device d;
+  KernelQueue q = queue_on(d);
+  auto ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+  ASSERT_NE(ring->push(2 * kMiB), nullptr);
+  q.block_done();  // a's kernels queued, not done
+  char* b = static_cast<char*>(ring->push(4 * kMiB));
+  ASSERT_NE(b, nullptr);
+  q.release(b + 2 * kMiB);
+  KernelQueue::Freed f = q.reclaim(*ring, false, false);
+  EXPECT_EQ(f.blocks + f.early, 0u);
+  d.done = 1;
+  f = q.reclaim(*ring, false, false);
+  EXPECT_EQ(f.blocks, 1u);
+  EXPECT_EQ(f.early, 0u);
+  d.done = 2;
+  f = q.reclaim(*ring, false, false);
+  EXPECT_EQ(f.early, 2 * kMiB) << "b's first 2 MiB, once a is gone and b's first layers are done";
+  EXPECT_EQ(ring->blocks(), 1u);
+}
+
+// Waiting: for everything, or for the oldest block only (`one`: what the device has passed
+// besides goes too, without waiting); marks are put again.
 TEST(KernelQueue, AWaitAppliesInOrderAndOneStopsAfterABlock) {
   Device d;
   KernelQueue q = queue_on(d);
@@ -125,6 +155,16 @@ TEST(KernelQueue, AWaitAppliesInOrderAndOneStopsAfterABlock) {
   q.reclaim(*ring, true, false);
   EXPECT_EQ(ring->blocks(), 0u);
   EXPECT_EQ(d.made, 3) << "passed marks are put again";
+
+  // Two blocks, both done by the device: one wait pops both.
+  ASSERT_NE(ring->push(kMiB), nullptr);
+  q.block_done();
+  ASSERT_NE(ring->push(kMiB), nullptr);
+  q.block_done();
+  d.done = d.queued;
+  f = q.reclaim(*ring, true, true);
+  EXPECT_EQ(f.blocks, 2u);
+  EXPECT_EQ(ring->blocks(), 0u);
 }
 
 }  // namespace

@@ -183,7 +183,8 @@ class CudaTwinBackend final : public HostBackend {
   std::shared_ptr<TwinDevice> device_;
 };
 
-// A CUDA event with timing on the current stream (Note [Timing layers on the GPU]).
+// A CUDA event on the current stream: with timing for the layer clock (Note [Timing layers on
+// the GPU]), without for the kernel queue (Note [Ring space behind the kernels]).
 class CudaMark final : public Mark {
  public:
   // Timed where layers are timed (BACKEND_DEFAULT); PYTORCH_DEFAULT for ring space: an event

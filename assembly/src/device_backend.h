@@ -74,7 +74,7 @@ class DeviceBackend {
   bool release_front(BlockRing& ring, char* until);
   // Applies to the ring what executed work the device has done: pops the entries of executed
   // blocks and gives back the bytes running blocks' kernels no longer read (all of it, waiting,
-  // if `wait`; up to the oldest block's pop, waiting, if `one`). Nothing on the host.
+  // if `wait`; waiting only for the oldest block's, if `one`). Nothing on the host.
   void reclaim(BlockRing& ring, bool wait, bool one = false);
   // Executed blocks whose ring space waits for their kernels.
   std::size_t pending() const { return queue_ ? queue_->blocks() : 0; }

@@ -57,24 +57,29 @@ void KernelQueue::block_done() {
 
 KernelQueue::Freed KernelQueue::reclaim(BlockRing& ring, bool wait, bool one) {
   Freed freed;
+  const bool all = wait && !one;
   while (!q_.empty()) {
-    Entry& e = q_.front();
-    if (!e.mark->passed()) {
+    if (!q_.front().mark->passed()) {  // a device error throws here, the entry still queued
       if (!wait) break;
-      e.mark->wait();
+      q_.front().mark->wait();
     }
-    const bool pop = e.until == nullptr;
-    if (pop) {
+    // Off the queue before the ring changes: nothing after this throws with the ring changed
+    // and the entry still queued (it would be applied twice).
+    Entry e = std::move(q_.front());
+    q_.pop_front();
+    if (e.until == nullptr) {
       ring.pop();
       --blocks_;
       ++freed.blocks;
+      if (one) wait = false;  // one block waited for; what the device has passed besides goes too
     } else {
       freed.early += ring.release_front_until(e.until);
     }
     spare_.push_back(std::move(e.mark));
-    q_.pop_front();
-    if (pop && one) break;
   }
+  // All applied: the next release starts anew (after a drain, an aborted block's last release
+  // says nothing of the next block's addresses).
+  if (all) released_ = nullptr;
   return freed;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "layer_clock.h"
@@ -32,7 +33,7 @@ class KernelQueue {
     std::size_t blocks = 0;   // ring entries popped
   };
   // Applies to `ring` what the device has passed, oldest first; waits for the device where
-  // `wait` (only until one block is popped, where `one`).
+  // `wait` (only until one block is popped, where `one`; then what it has passed besides).
   Freed reclaim(BlockRing& ring, bool wait, bool one);
   // Executed blocks whose ring entries wait for the device.
   std::size_t blocks() const { return blocks_; }

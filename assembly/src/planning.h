@@ -44,8 +44,7 @@ std::uint64_t planning_reserve(const ImageInfo& info, const Skeleton& sk, const 
 // The activation reserve the deep ring is lent where activations leave it (0: none).
 std::uint64_t lend_for(const ImageInfo& info, const ExecutorOptions& o);
 // What the partitioner (search and budget grid, finish_plan) is told of these options: the
-// pipeline, lending, and whether a running block's bytes go back as its layers end (not where
-// the backend's kernels run asynchronously, Caps::async).
+// pipeline and lending.
 PartitionOptions partition_options(const ImageInfo& info, const ExecutorOptions& o);
 // The plan for o.budget (a given partition, the optimal search, or the fewest equal-byte
 // blocks); throws Error naming `origin`, the budget and the minimum when nothing fits.

@@ -26,6 +26,7 @@ void BlockCursor::note_in_use() {
 }
 
 void BlockCursor::seek(int b, int first, bool next) {
+  at_ahead_limit_ = false;
   rd_block = b;
   rd_first = first;
   rd_next = next;
@@ -339,6 +340,7 @@ void BlockCursor::drain() {
   rd_first = -1;
   rd_next = false;
   rd_beyond = false;
+  at_ahead_limit_ = false;
 }
 // Note [Layer by layer]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -350,9 +352,9 @@ void BlockCursor::drain() {
 // its last layer (with a ring of one large block the next block's pieces waited for that). It
 // now reads a block that fits in pieces of kPiece bytes too, waits before each layer only for
 // the pieces that hold it (and the layers before it in the block, whose weights it may share),
-// and, on the host, after each layer gives the ring back the bytes before the lowest layer the
-// rest of the block still reads (BlockRing::release_front_until), so a block streaming over it
-// reads on while it computes. Not with checksums to verify (a layer's
+// and after each layer gives the ring back the bytes before the lowest layer the rest of the
+// block still reads (BlockRing::release_front_until; on a GPU once those layers' kernels are
+// done), so a block streaming over it reads on while it computes. Not with checksums to verify (a layer's
 // checksum needs it in one read: the first inference under --verify first reads whole), not
 // for the block kept in part. Pieces of the executing block not yet waited for are cancelled
 // and waited for wherever reads are (drain, shed, an error).
