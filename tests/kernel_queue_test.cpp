@@ -33,19 +33,20 @@ class QueueMark final : public Mark {
   int at_ = 0;
 };
 
-KernelQueue queue_on(Device& d) {
-  return KernelQueue([&d] {
+// A queue on that device and an 8 MiB host ring.
+class KernelQueueOnARing : public ::testing::Test {
+ protected:
+  Device d;
+  KernelQueue q{[this] {
     ++d.made;
     return std::make_unique<QueueMark>(&d);
-  });
-}
+  }};
+  std::unique_ptr<BlockRing> ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+};
 
 // A block's bytes go back as the device passes the work queued before each release, not as it is
 // queued; its ring entry once its last kernels are done. A block streaming over it reads on.
-TEST(KernelQueue, BytesGoBackOnlyBehindTheDevicesWork) {
-  Device d;
-  KernelQueue q = queue_on(d);
-  auto ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+TEST_F(KernelQueueOnARing, BytesGoBackOnlyBehindTheDevicesWork) {
   char* a = static_cast<char*>(ring->push(6 * kMiB));
   ASSERT_NE(a, nullptr);
   char* b = static_cast<char*>(ring->push_streamed(6 * kMiB));
@@ -85,10 +86,7 @@ TEST(KernelQueue, BytesGoBackOnlyBehindTheDevicesWork) {
 
 // A release no further than the last one of its block puts no mark; block_done starts anew, so
 // the next block's releases count even where it lies below the last one (the ring wrapped).
-TEST(KernelQueue, AReleaseThatGivesNothingMorePutsNoMark) {
-  Device d;
-  KernelQueue q = queue_on(d);
-  auto ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+TEST_F(KernelQueueOnARing, AReleaseThatGivesNothingMorePutsNoMark) {
   char* a = static_cast<char*>(ring->push(4 * kMiB));
   q.release(a + 2 * kMiB);
   q.release(a + 2 * kMiB);
@@ -109,10 +107,7 @@ TEST(KernelQueue, AReleaseThatGivesNothingMorePutsNoMark) {
 
 // A block's release queued behind the end of the block before it waits for that end: applied
 // first, it would have been given to the older block (release_front_until works on the oldest).
-TEST(KernelQueue, AReleaseWaitsForTheBlocksBeforeItsOwn) {
-  Device d;
-  KernelQueue q = queue_on(d);
-  auto ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+TEST_F(KernelQueueOnARing, AReleaseWaitsForTheBlocksBeforeItsOwn) {
   ASSERT_NE(ring->push(2 * kMiB), nullptr);
   q.block_done();  // a's kernels queued, not done
   char* b = static_cast<char*>(ring->push(4 * kMiB));
@@ -132,10 +127,7 @@ TEST(KernelQueue, AReleaseWaitsForTheBlocksBeforeItsOwn) {
 
 // Waiting: for everything, or for the oldest block only (`one`: what the device has passed
 // besides goes too, without waiting); marks are put again.
-TEST(KernelQueue, AWaitAppliesInOrderAndOneStopsAfterABlock) {
-  Device d;
-  KernelQueue q = queue_on(d);
-  auto ring = BlockRing::create(8 * kMiB, MemoryKind::kHost);
+TEST_F(KernelQueueOnARing, AWaitAppliesInOrderAndOneStopsAfterABlock) {
   char* a = static_cast<char*>(ring->push(4 * kMiB));
   q.release(a + 2 * kMiB);
   q.block_done();

@@ -83,6 +83,7 @@ void DeviceBackend::block_done(BlockRing& ring) {
 }
 
 bool DeviceBackend::release_front(BlockRing& ring, char* until) {
+  if (!ring.deep()) return false;  // two-ended: the other end is the next block's anyway
   if (!queue_) {
     const std::uint64_t n = ring.release_front_until(until);
     released_early_ += n;

@@ -69,8 +69,9 @@ class DeviceBackend {
   // The layers queued so far no longer read the bytes of the ring's oldest block (the one
   // executing) before `until` (Note [Layer by layer] in read_ahead.cpp): given back now on the
   // host, once the device has done those layers where they run asynchronously (Note [Ring space
-  // behind the kernels]). Whether ring space was given back by this call (async: also what
-  // earlier calls released and the device has done since), so that the cursor reads on.
+  // behind the kernels]); nothing on a two-ended ring. Whether ring space was given back by this
+  // call (async: also what earlier calls released and the device has done since), so that the
+  // cursor reads on.
   bool release_front(BlockRing& ring, char* until);
   // Applies to the ring what executed work the device has done: pops the entries of executed
   // blocks and gives back the bytes running blocks' kernels no longer read (all of it, waiting,

@@ -164,7 +164,7 @@ bool run_next_layer(Executor::Impl& m, std::unique_lock<std::recursive_mutex>& l
   m.running_layer = -1;
   if (m.shed_pending && m.run->next_layer() <= last) return false;
   bool freed = false;
-  if (pieces && m.w.ring->deep() && m.run->next_layer() <= last) {  // two-ended: the other end is the next block's
+  if (pieces && m.run->next_layer() <= last) {
     // Note [Layer by layer]: the bytes before the lowest layer the rest still reads are dead
     // (on a GPU once the kernels queued so far are done: Note [Ring space behind the kernels]).
     const int need = m.first_needed(b, m.run->next_layer());

@@ -78,7 +78,6 @@ bool host_blocks(const ExecutorOptions& o) {
   return o.device == ExecutorOptions::Device::kCPU && o.memory != MemoryKind::kRegistered;
 }
 
-
 // The plan for `blocks` within `budget` (0: the least memory): the ring gets what activations,
 // pinned slots and resident blocks leave (never more than one inference of swapped bytes), or
 // the largest consecutive pair for the two-block pipelines.
@@ -137,8 +136,6 @@ ExecutionPlan finish_plan(const ImageInfo& info, const Skeleton& sk, Blocks bloc
   return p;
 }
 
-// The deep ring needs the largest layer (Note [A ring of one block]), the two-block pipelines the
-// largest adjacent pair.
 namespace {
 // A pipeline with nothing lent (memory only: min_budget_for, planning_reserve).
 PartitionOptions bare(ReadAhead ra) {
@@ -148,6 +145,8 @@ PartitionOptions bare(ReadAhead ra) {
 }
 }  // namespace
 
+// The deep ring needs the largest layer (Note [A ring of one block]), the two-block pipelines the
+// largest adjacent pair.
 std::uint64_t min_budget_for(const ImageInfo& info, const Skeleton& sk, ReadAhead ra) {
   const int L = static_cast<int>(info.layers.size());
   if (L == 0) return info.activation_bytes;

@@ -377,13 +377,17 @@ bool BlockCursor::runs_by_layer(const Fetch& f) const {
 Status BlockCursor::timed_wait(const Fetch& f) {
   const auto t0 = std::chrono::steady_clock::now();
   Status st = wait_reads(f);
+  waited(f.block, f.first, t0);
+  return st;
+}
+// The executing thread waited for block b's bytes (those of layer k on) since t0: counted, told
+// to the backend (Note [The CUDA backend's host twin]) and traced where it blocked.
+void BlockCursor::waited(int b, int k, std::chrono::steady_clock::time_point t0) {
   const auto t1 = std::chrono::steady_clock::now();
   stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-  if (t1 - t0 >= kTraceWaitMin) {
-    backend_.waited_for_reads();
-    trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", f.first);
-  }
-  return st;
+  if (t1 - t0 < kTraceWaitMin) return;
+  backend_.waited_for_reads();
+  trace_span(tgroup_, TraceLane::kWait, "wait for block", b, t0, t1, "layer", k);
 }
 // Waits for the pieces of `f` (read in pieces) that hold layers f.first..k; waited_ counts
 // them. The first error, else ok.
@@ -402,12 +406,7 @@ Status BlockCursor::wait_pieces(const Fetch& f, int k) {
     const std::uint64_t at = f.skip + from * kPiece, to = std::min(f.bytes, f.skip + need * kPiece);
     backend_.hand_over(w_.ring->kind(), f.at + at, to - at);
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  stats_.read_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-  if (t1 - t0 >= kTraceWaitMin) {
-    backend_.waited_for_reads();
-    trace_span(tgroup_, TraceLane::kWait, "wait for block", f.block, t0, t1, "layer", k);
-  }
+  waited(f.block, k, t0);
   return st;
 }
 // Cancels and waits for the pieces of `f` not waited for yet (f.pieces[waited_..]).

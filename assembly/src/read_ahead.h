@@ -150,6 +150,7 @@ class BlockCursor {
   bool unlanded(const Fetch& f, bool wait, std::uint64_t* out) const;
   bool layer_by_layer(const Fetch& f) const;
   Status timed_wait(const Fetch& f);
+  void waited(int b, int k, std::chrono::steady_clock::time_point t0);
   Status wait_pieces(const Fetch& f, int k);
   void cancel_pieces_left(const Fetch& f);
 
