@@ -3,8 +3,12 @@
 // which layers call BLAS (Note [BLAS beside the OpenMP pool] in intra_op.cpp).
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "estimates.h"
 #include "intra_op.h"
@@ -203,6 +207,52 @@ TEST(IntraOp, ALayerCallsBlasWhenItHasALinearOrAMatrixProduct) {
   EXPECT_FALSE(calls_blas("aten::_convolution,aten::relu_"));
   EXPECT_FALSE(calls_blas("aten::mmx,aten::linear_backward"));  // whole names only
   EXPECT_FALSE(calls_blas(""));
+}
+
+// Note [BLAS on the compute thread]: OpenBLAS's own threads for a BlasThreads' lifetime, put
+// back after it where nobody else changed them; the user's choice in the environment stays.
+TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
+  const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (parallel == nullptr || get == nullptr || set == nullptr || parallel() != 1) {
+    GTEST_SKIP() << "libtorch's BLAS here is not OpenBLAS's pthread build";
+  }
+  const int was = get();
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string user = env != nullptr ? env : "";
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  set(2);
+  {
+    BlasThreads b(1);
+    EXPECT_EQ(get(), 1);
+    EXPECT_EQ(b.before(), 2);
+    EXPECT_EQ(b.set(), 1);
+  }
+  EXPECT_EQ(get(), 2) << "put back";
+  {
+    BlasThreads b(-1);  // the default: one
+    EXPECT_EQ(get(), 1);
+  }
+  EXPECT_EQ(get(), 2);
+  {
+    BlasThreads b(0);  // left as they are
+    EXPECT_EQ(get(), 2);
+    EXPECT_EQ(b.set(), 0);
+  }
+  ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
+  {
+    BlasThreads b(-1);  // the user chose them
+    EXPECT_EQ(get(), 2);
+  }
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  {
+    BlasThreads b(1);
+    set(3);  // someone else's setting while it is held
+  }
+  EXPECT_EQ(get(), 3) << "someone else's setting stays";
+  set(was);
+  if (env != nullptr) ::setenv("OPENBLAS_NUM_THREADS", user.c_str(), 1);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // pausing models that cannot fit, the control socket and the budget sources.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -978,6 +979,43 @@ TEST(Runtime, ACentralSchedulerKeepsOnePoolPerWorker) {
   EXPECT_EQ(threads_named("swapnet-cpu0"), 2) << "the compute thread and its one helper";
   EXPECT_EQ(threads_named("swapnet-model"), 2) << "the models' threads, with no helpers";
   for (const auto& m : rt->status()) EXPECT_EQ(m.requests, 3u) << m.name;
+}
+
+// Note [BLAS on the compute thread]: a central scheduler runs OpenBLAS on one thread while it is
+// open (its threads spun beside the compute thread's pool), and puts them back at close; under
+// "threads", or told to leave them (blas_threads 0), it changes nothing.
+TEST(Runtime, ACentralSchedulerRunsOpenBlasOnOneThreadWhileOpen) {
+  const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (parallel == nullptr || get == nullptr || set == nullptr || parallel() != 1 ||
+      std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr) {
+    GTEST_SKIP() << "libtorch's BLAS here is not OpenBLAS's pthread build, or the environment chose its threads";
+  }
+  const int was = get();
+  set(2);
+  Models s = small_models();
+  const std::vector<RuntimeModel> sp = specs(s);
+  c10::InferenceMode g;
+  auto held = [&](const std::string& scheduler, int blas) {
+    RuntimeOptions ro;
+    ro.scheduler = scheduler;
+    ro.blas_threads = blas;
+    auto rt = Runtime::open(sp, 1u << 30, ro);
+    (void)rt->submit(0, {s.x[0].clone()}).get();
+    return get();
+  };
+  EXPECT_EQ(held("fifo", -1), 1);
+  EXPECT_EQ(get(), 2) << "put back at close";
+  EXPECT_EQ(held("threads", -1), 2);
+  EXPECT_EQ(held("fifo", 0), 2);
+  EXPECT_EQ(held("lst", 3), 3);
+  EXPECT_EQ(get(), 2);
+  RuntimeOptions bad;
+  bad.scheduler = "fifo";
+  bad.blas_threads = -2;
+  EXPECT_THROW(Runtime::open(sp, 1u << 30, bad), Error);
+  set(was);
 }
 
 // Note [A model's threads from the machine]: a model left at threads 0 runs on the cores the

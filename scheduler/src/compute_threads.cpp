@@ -31,7 +31,8 @@
 namespace swapnet {
 namespace runtime_detail {
 
-ComputeThreads::ComputeThreads(int n) : free_before_blas_(blas_has_own_threads()) {
+ComputeThreads::ComputeThreads(int n, int blas_threads)
+    : blas_(blas_threads), free_before_blas_(blas_has_own_threads()) {
   for (int k = 0; k < n; ++k) threads_.emplace_back([this, k] { loop(k); });
 }
 

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "intra_op.h"
+
 namespace swapnet {
 namespace runtime_detail {
 
@@ -31,10 +33,13 @@ int pin_this_thread(const std::vector<int>& cpus);
 
 class ComputeThreads {
  public:
-  explicit ComputeThreads(int n);
+  // n threads; OpenBLAS's own threads set to `blas_threads` while they run (BlasThreads: Note
+  // [BLAS on the compute thread] in intra_op.cpp).
+  ComputeThreads(int n, int blas_threads);
   ~ComputeThreads();  // joins the threads; no run() may be under way
   ComputeThreads(const ComputeThreads&) = delete;
   ComputeThreads& operator=(const ComputeThreads&) = delete;
+  const BlasThreads& blas() const { return blas_; }
 
   // Runs `fn` on a free compute thread with these settings and waits for it; rethrows what it
   // threw. Called by at most as many threads at once as there are compute threads (the
@@ -61,8 +66,9 @@ class ComputeThreads {
   std::condition_variable done_;  // a job done
   std::deque<Job*> jobs_;
   bool stop_ = false;
+  const BlasThreads blas_;        // before the threads start, put back after they end
+  const bool free_before_blas_;  // Note [BLAS beside the OpenMP pool]: set after blas_
   std::vector<std::thread> threads_;
-  const bool free_before_blas_;  // Note [BLAS beside the OpenMP pool]
 };
 
 }  // namespace runtime_detail

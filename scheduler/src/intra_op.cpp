@@ -30,21 +30,38 @@
 // thread's pool instead (the extra -0.08 ms, 0.23 per block, slo_met 0.775 -> 0.899 in the same
 // hour), but with libgomp a process that forks after threads ran matrix products hangs in the
 // child's first product (tests/preload/torch_program.py did, in a fresh clone): not a choice a
-// library may make for its host. One OpenBLAS thread removed the extra too (0.3 ms), but made
-// the linear blocks 1.6x slower. So where OpenBLAS has threads of its own, a compute thread frees its
-// OpenMP helpers before a step whose first layer calls BLAS, unless the step before it was the
-// same model's and began with BLAS too: the helpers of the last convolutions (another model's,
-// or vgg19's own features before its classifier) no longer spin on the cores the linear layers
-// need (ComputeThreads::loop). Only then: freeing them before every other model's
-// step (9a897e1) made the convolution models' blocks 13-25 % slower, not only the first after
-// a switch (self_driving_slo at load 0.9, 2026-11-28, three interleaved rounds against the
-// commit before: slo_met 0.600/0.701/0.594 against 0.808/0.883/0.835), more than the 4.3 ms
-// it saved on each of vgg19's linear blocks after a switch.
+// library may make for its host. So where OpenBLAS keeps threads of its own, a compute thread
+// frees its OpenMP helpers before a step whose first layer calls BLAS, unless the step before it
+// was the same model's and began with BLAS too (ComputeThreads::loop). Only then: freeing them
+// before every other model's step (9a897e1) made the convolution models' blocks 13-25 % slower.
+// That is now the fallback, for a runtime told to keep OpenBLAS's threads (next note).
+//
+// Note [BLAS on the compute thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Freeing the helpers did not end it. serve's block log (2026-11-29, self_driving_slo at load
+// 0.9, one worker on both cores): a small block right after another model's step ran a median
+// 7.7x its usual time where that model was resnet101 (whose inference ends in a linear layer,
+// so the helpers were freed before it and made anew after it), and vgg19's linear blocks, in
+// 4 MiB parts of 0.4-2 ms, were 3-8x slow after a switch. perf, aligned with the log: the
+// compute thread and its OpenMP helper spent ~90 % of those blocks spinning in libgomp, each
+// waiting for the other, with OpenBLAS's thread and helpers made anew after each freeing. These
+// switches made vgg19's estimates 0.19-0.24 off per step, the last of issue 48's criteria left.
+// With OpenBLAS on one thread (the compute thread, which calls it) the slow switches were gone:
+// three rounds interleaved, vgg19's step error 0.114-0.149 against 0.194-0.242, slo_met (median)
+// 0.819 against 0.783, the XRBench score 0.632 against 0.564. A linear layer's part takes ~1.6x
+// as long on one thread (0.40-0.43 -> 0.66-0.71 ms), but direct inference of vgg19, whose fully connected
+// layers are one product each, took as long (249 against 245 ms).
+// So under a central scheduler the runtime sets OpenBLAS to one thread while it is open
+// (RuntimeOptions::blas_threads, BlasThreads: process-wide, as OpenBLAS has one setting, and put
+// back at close where nobody changed it meanwhile), unless the user chose OpenBLAS's threads in
+// the environment; the helpers are then not freed before BLAS (blas_has_own_threads() is false).
+// Under "threads" every model's thread computes at once and nothing is changed.
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -60,6 +77,7 @@ struct OpenMp {
   void (*set_threads)(int) = nullptr;
   int (*blas_parallel)() = nullptr;  // openblas_get_parallel: 0 serial, 1 pthreads, 2 OpenMP
   int (*blas_threads)() = nullptr;   // openblas_get_num_threads
+  void (*blas_set_threads)(int) = nullptr;  // openblas_set_num_threads
 };
 
 // The OpenMP runtime libtorch calls: looked up from libtorch's own library and its dependencies.
@@ -76,6 +94,7 @@ const OpenMp& openmp() {
     r.set_threads = reinterpret_cast<void (*)(int)>(dlsym(from, "omp_set_num_threads"));
     r.blas_parallel = reinterpret_cast<int (*)()>(dlsym(from, "openblas_get_parallel"));
     r.blas_threads = reinterpret_cast<int (*)()>(dlsym(from, "openblas_get_num_threads"));
+    r.blas_set_threads = reinterpret_cast<void (*)(int)>(dlsym(from, "openblas_set_num_threads"));
     // The handle stays open: the library was loaded already, and is not unloaded with it.
     return r;
   }();
@@ -100,6 +119,30 @@ void set_intra_op_threads_here(int n) {
 bool blas_has_own_threads() {
   const OpenMp& o = openmp();
   return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_parallel() == 1 && o.blas_threads() > 1;
+}
+
+BlasThreads::BlasThreads(int n) {
+  const OpenMp& o = openmp();
+  if (n == 0 || o.blas_set_threads == nullptr || o.blas_threads == nullptr || o.blas_parallel == nullptr ||
+      o.blas_parallel() != 1) {
+    return;  // left as they are: asked to, or no OpenBLAS pthread build to set
+  }
+  if (n < 0) {
+    // One, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded).
+    if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr) return;
+    n = 1;
+  }
+  const int was = o.blas_threads();
+  if (was == n) return;
+  o.blas_set_threads(n);
+  before_ = was;
+  set_ = n;
+}
+
+BlasThreads::~BlasThreads() {
+  const OpenMp& o = openmp();
+  // Put back, unless someone else changed them meanwhile (theirs stays).
+  if (set_ > 0 && o.blas_threads() == set_) o.blas_set_threads(before_);
 }
 
 bool calls_blas(const std::string& ops) {

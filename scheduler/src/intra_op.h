@@ -15,6 +15,23 @@ void set_intra_op_threads_here(int n);
 // OpenBLAS's pthread build with more than one thread (Note [BLAS beside the OpenMP pool]).
 bool blas_has_own_threads();
 
+// OpenBLAS's own threads (its pthread build; process-wide, as OpenBLAS has one setting) for the
+// object's lifetime, then put back where nobody changed them meanwhile (Note [BLAS on the
+// compute thread] in intra_op.cpp). n > 0: n; 0: left as they are; < 0: one, unless the user
+// chose them (OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS in the environment).
+class BlasThreads {
+ public:
+  explicit BlasThreads(int n);
+  ~BlasThreads();
+  BlasThreads(const BlasThreads&) = delete;
+  BlasThreads& operator=(const BlasThreads&) = delete;
+  int before() const { return before_; }  // what they were (0: not changed)
+  int set() const { return set_; }        // what they are now (0: not changed)
+
+ private:
+  int before_ = 0, set_ = 0;
+};
+
 // Whether a layer of these node kinds (ImageLayer::ops, comma-separated) calls BLAS: a linear
 // layer or a matrix product.
 bool calls_blas(const std::string& ops);

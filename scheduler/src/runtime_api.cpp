@@ -48,11 +48,19 @@ void choose_policies(Impl& m, const RuntimeOptions& options) {
   m.policy = options.custom ? options.custom : std::shared_ptr<const BudgetPolicy>(make_policy(options.policy));
   if (options.scheduler != "threads") {
     if (options.workers < 0) throw Error("runtime: workers " + std::to_string(options.workers) + " must be >= 1 (0: one per core)");
+    if (options.blas_threads < -1) {
+      throw Error("runtime: blas_threads " + std::to_string(options.blas_threads) +
+                  " must be >= -1 (-1: one where OpenBLAS runs threads of its own, 0: left as they are)");
+    }
     const int workers = options.workers == 0 ? usable_cores() : options.workers;
     m.dispatch = make_dispatch_policy(options.scheduler, workers);
     m.workers = workers;
     m.free_workers = workers;
-    m.compute = std::make_unique<runtime_detail::ComputeThreads>(workers);
+    m.compute = std::make_unique<runtime_detail::ComputeThreads>(workers, options.blas_threads);
+    if (const auto& b = m.compute->blas(); b.set() > 0) {  // Note [BLAS on the compute thread]
+      log(LogLevel::kInfo, "runtime: OpenBLAS on " + std::to_string(b.set()) + " thread(s) while the central scheduler runs (it had " +
+                               std::to_string(b.before()) + "; RuntimeOptions::blas_threads, OPENBLAS_NUM_THREADS to choose)");
+    }
     m.disk_aware = m.dispatch->reads_unread();
   }
 }

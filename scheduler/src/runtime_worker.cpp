@@ -406,7 +406,8 @@ void Runtime::Impl::end_step(size_t i) {
   x.st.contention = x.est.contention();
 }
 // Under mu, at debug level: one line per block the central scheduler timed, for replaying its
-// estimates (bench/estimates_replay.py): when it ended (ms since the runtime started), the
+// estimates (bench/estimates_replay.py): when it ended (ms on the monotonic clock, to set beside
+// `perf record -k CLOCK_MONOTONIC`'s samples, and ms since the runtime started), the
 // model, the block, what it took and what was expected of it, the machine's pace, and the
 // process's CPU time so far (CPU over wall time between two lines: how many cores it had), the
 // bytes all models' readers have landed so far (what the disk did between two lines), and the
@@ -419,11 +420,13 @@ void Runtime::Impl::log_block(size_t i, std::pair<int, int> block, bool resident
   const double cpu_ms = static_cast<double>(cpu.tv_sec) * 1e3 + static_cast<double>(cpu.tv_nsec) / 1e6;
   std::uint64_t read = 0;
   for (const auto& y : w) read += y->exec->bytes_read();
-  char line[352];
+  const auto now = Clock::now();
+  char line[384];
   std::snprintf(line, sizeof line,
-                "block: t=%.3f model=%s first=%d last=%d resident=%d others=%.3f ms=%.4f wait=%.4f expected=%.4f "
+                "block: mono=%.3f t=%.3f model=%s first=%d last=%d resident=%d others=%.3f ms=%.4f wait=%.4f expected=%.4f "
                 "pace=%.4f running=%d cpu_ms=%.3f read_mb=%.3f unread_mb=%.3f",
-                ms_between(t0, Clock::now()), x.spec.name.c_str(), block.first, block.second, resident ? 1 : 0, others, ms,
+                ms_between(Clock::time_point{}, now), ms_between(t0, now), x.spec.name.c_str(), block.first, block.second,
+                resident ? 1 : 0, others, ms,
                 wait_ms, x.expected_next, pace.factor(), running, cpu_ms, static_cast<double>(read) / 1e6,
                 x.expected_unread / 1e6);
   log(LogLevel::kDebug, line);

@@ -185,6 +185,13 @@ struct RuntimeOptions {
   // the default (Note [Serve's defaults] in cli/cmd_serve.cpp says why); 0: one per core this
   // process may run on (usable_cores()), each model's intra-op threads to match (cores / workers).
   int workers = 1;
+  // OpenBLAS's own threads while a central scheduler runs (ignored under "threads"): -1, the
+  // default, one (the compute thread that calls it) where the process's OpenBLAS is its pthread
+  // build with threads of its own, unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS is set; 0:
+  // left as they are; n: n. Process-wide (OpenBLAS has one setting): set at open, put back at
+  // close. Its threads spin beside the OpenMP pool and made the blocks after a model switch
+  // several times slower (Note [BLAS on the compute thread] in scheduler/src/intra_op.cpp).
+  int blas_threads = -1;
 };
 
 struct ModelStatus {
