@@ -17,7 +17,9 @@
 # disk (SWAPNET_EMULATE_READ: one constant rate, Note [An emulated disk]).
 # A variant is a scheduler (threads, lst, heft, ...; "default": what serve chooses) with
 # optional suffixes: /mem (every model in memory: a budget of 1000 %, the baseline without
-# swapping where it fits), /wN (N workers; intra-op threads the cores over them).
+# swapping where it fits), /wN (N workers; intra-op threads the cores over them), /blasN
+# (OPENBLAS_NUM_THREADS=N: OpenBLAS's own threads as the user chose them, which the runtime then
+# leaves; the default is one under a central scheduler, Note [BLAS on the compute thread]).
 # Writes bench/results/scheduler_sweep[_NAME].csv (a row per run and model, and "all"),
 # scheduler_sweep[_NAME]_traces.csv, scheduler_sweep[_NAME].md (medians over rounds) and
 # scheduler_sweep[_NAME].png (gnuplot: slo_met vs load per variant, a panel per scenario and rate).
@@ -87,9 +89,10 @@ for r in $(seq 1 "$rounds"); do
           f=$(mktemp)
           # shellcheck disable=SC2046
           # paced:RATE, swapcore's emulated disk of one rate (no throttle's burst after idle)
-          pace=""; throttle=$rate
+          pace=""; throttle=$rate blas=""
+          if [[ "$v" =~ /blas([0-9]+) ]]; then blas=${BASH_REMATCH[1]}; fi
           case "$rate" in paced:*) pace=${rate#paced:}; throttle=host ;; esac
-          SWAPNET_EMULATE_READ=$pace bash "$repo/bench/throttle.sh" "$throttle" --path "$models" -- "$cli" serve "$scen/$sc.json" \
+          env ${blas:+OPENBLAS_NUM_THREADS=$blas} SWAPNET_EMULATE_READ="$pace" bash "$repo/bench/throttle.sh" "$throttle" --path "$models" -- "$cli" serve "$scen/$sc.json" \
             --models "$models" --duration "$duration" --socket none --json --load "$load" $(variant_args "$v") \
             ${minreq:+--min-requests "$minreq"} \
             >"$f" || echo "bench/scheduler_sweep.sh: serve exit $? ($rate $sc $load $v)" >&2
