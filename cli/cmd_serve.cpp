@@ -116,6 +116,9 @@ Scenario scenario_for(const std::string& path, const ServeOptions& o) {
 //   "threads" still wins for its model), else the cores over the workers (central) or over the
 //   models (`threads`). --threads also sets the threads of the direct runs that `--load`
 //   measures, so the load is one of the machine the user allows.
+// - under a central scheduler, OpenBLAS on one thread while serving where it runs threads of its
+//   own (the runtime's RuntimeOptions::blas_threads; OPENBLAS_NUM_THREADS set by the user stays):
+//   Note [BLAS on the compute thread] in scheduler/src/intra_op.cpp.
 // Measured 2026-11-27 (self_driving_slo.json at load 0.9, 30 s, bench/scheduler_sweep.sh, the
 // variants interleaved): one worker on both cores met 0.65 of the deadlines; two one-thread
 // workers 0.17 (two one-thread blocks at once each ran ~2x slower than alone on this VM's two
@@ -153,6 +156,11 @@ std::string choose_defaults(Scenario& s, int cli_threads) {
   } else if (threads_chosen) {
     say(std::to_string(per_model) + " intra-op thread(s) per model (" + std::to_string(cores) + " cores over " +
         std::to_string(over) + (central ? " worker" + std::string(over == 1 ? "" : "s") + ")" : " models)"));
+  }
+  // Note [BLAS on the compute thread] (scheduler/src/intra_op.cpp): the runtime's own rule.
+  if (const auto [blas, had] = runtime_blas_threads(ro); blas > 0) {
+    say("OpenBLAS on " + std::to_string(blas) + " thread" + (blas == 1 ? "" : "s") + " while serving (it had " +
+        std::to_string(had) + " of its own; OPENBLAS_NUM_THREADS to choose)");
   }
   return said;
 }

@@ -209,8 +209,8 @@ TEST(IntraOp, ALayerCallsBlasWhenItHasALinearOrAMatrixProduct) {
   EXPECT_FALSE(calls_blas(""));
 }
 
-// Note [BLAS on the compute thread]: OpenBLAS's own threads for a BlasThreads' lifetime, put
-// back after it where nobody else changed them; the user's choice in the environment stays.
+// Note [BLAS on the compute thread]: OpenBLAS's own threads while BlasThreads live, put back by
+// the last of them where nobody else changed them; the user's choice in the environment stays.
 TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
   const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
   const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
@@ -246,6 +246,17 @@ TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
     EXPECT_EQ(get(), 2);
   }
   ::unsetenv("OPENBLAS_NUM_THREADS");
+  {
+    BlasThreads a(1);
+    {
+      BlasThreads b(1);  // two runtimes open at once
+      EXPECT_EQ(b.before(), 2);
+      BlasThreads c(3);  // another number than they are held at: left
+      EXPECT_EQ(c.set(), 0);
+    }
+    EXPECT_EQ(get(), 1) << "the first holder still holds them";
+  }
+  EXPECT_EQ(get(), 2) << "the last one out put them back";
   {
     BlasThreads b(1);
     set(3);  // someone else's setting while it is held

@@ -1005,6 +1005,14 @@ TEST(Runtime, ACentralSchedulerRunsOpenBlasOnOneThreadWhileOpen) {
     (void)rt->submit(0, {s.x[0].clone()}).get();
     return get();
   };
+  RuntimeOptions said;  // what serve says it chose
+  said.scheduler = "fifo";
+  EXPECT_EQ(runtime_blas_threads(said), std::make_pair(1, 2));
+  said.blas_threads = 0;
+  EXPECT_EQ(runtime_blas_threads(said), std::make_pair(0, 0));
+  said.scheduler = "threads";
+  said.blas_threads = -1;
+  EXPECT_EQ(runtime_blas_threads(said), std::make_pair(0, 0));
   EXPECT_EQ(held("fifo", -1), 1);
   EXPECT_EQ(get(), 2) << "put back at close";
   EXPECT_EQ(held("threads", -1), 2);

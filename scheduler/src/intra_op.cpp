@@ -62,8 +62,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "intra_op.h"
 #include "swapnet/scheduler.h"
@@ -121,28 +123,64 @@ bool blas_has_own_threads() {
   return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_parallel() == 1 && o.blas_threads() > 1;
 }
 
-BlasThreads::BlasThreads(int n) {
+namespace {
+// Who holds OpenBLAS's threads (BlasThreads): the first holder sets them and remembers what they
+// were; holders asking the same join it; the last one out puts them back. Two runtimes open at
+// once: the first one closed leaves them to the second.
+struct BlasHold {
+  std::mutex mu;
+  int holders = 0;
+  int before = 0, set = 0;
+};
+BlasHold& blas_hold() {
+  static BlasHold h;
+  return h;
+}
+}  // namespace
+
+namespace {
+// What BlasThreads(n) holds OpenBLAS's threads at (0: it leaves them), and what they are now.
+std::pair<int, int> blas_target(int n) {
   const OpenMp& o = openmp();
   if (n == 0 || o.blas_set_threads == nullptr || o.blas_threads == nullptr || o.blas_parallel == nullptr ||
       o.blas_parallel() != 1) {
-    return;  // left as they are: asked to, or no OpenBLAS pthread build to set
+    return {0, 0};  // left as they are: asked to, or no OpenBLAS pthread build to set
   }
-  if (n < 0) {
-    // One, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded).
-    if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr) return;
-    n = 1;
+  // < 0: one, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded).
+  if (n < 0 && (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr)) {
+    return {0, 0};
   }
-  const int was = o.blas_threads();
-  if (was == n) return;
-  o.blas_set_threads(n);
-  before_ = was;
+  return {n < 0 ? 1 : n, o.blas_threads()};
+}
+}  // namespace
+
+BlasThreads::BlasThreads(int n) {
+  const auto [target, now] = blas_target(n);
+  if (target == 0) return;
+  n = target;
+  const OpenMp& o = openmp();
+  BlasHold& h = blas_hold();
+  std::lock_guard<std::mutex> lk(h.mu);
+  if (h.holders > 0) {
+    if (h.set != n) return;  // held at another number: not fought over
+  } else {
+    if (now == n) return;
+    o.blas_set_threads(n);
+    h.before = now;
+    h.set = n;
+  }
+  ++h.holders;
+  before_ = h.before;
   set_ = n;
 }
 
 BlasThreads::~BlasThreads() {
+  if (set_ == 0) return;
   const OpenMp& o = openmp();
-  // Put back, unless someone else changed them meanwhile (theirs stays).
-  if (set_ > 0 && o.blas_threads() == set_) o.blas_set_threads(before_);
+  BlasHold& h = blas_hold();
+  std::lock_guard<std::mutex> lk(h.mu);
+  // The last holder puts them back, unless someone else changed them meanwhile (theirs stays).
+  if (--h.holders == 0 && o.blas_threads() == h.set) o.blas_set_threads(h.before);
 }
 
 bool calls_blas(const std::string& ops) {
@@ -161,6 +199,12 @@ bool calls_blas(const std::string& ops) {
 }
 
 }  // namespace runtime_detail
+
+std::pair<int, int> runtime_blas_threads(const RuntimeOptions& options) {
+  if (options.scheduler == "threads") return {0, 0};
+  const auto [target, now] = runtime_detail::blas_target(options.blas_threads);
+  return target == now ? std::pair<int, int>{0, 0} : std::pair<int, int>{target, now};
+}
 
 void release_intra_op_threads(bool serial) {
   if (serial) runtime_detail::set_intra_op_threads_here(1);

@@ -147,6 +147,10 @@ struct RuntimeOptions;
 // model's threads from the machine] in scheduler/src/runtime_api.cpp).
 SWAPNET_API int default_intra_op_threads(const RuntimeOptions& options, std::size_t models);
 
+// The OpenBLAS threads a runtime with these options runs with while it is open, and how many
+// OpenBLAS has now; {0, 0} where it leaves them (RuntimeOptions::blas_threads).
+SWAPNET_API std::pair<int, int> runtime_blas_threads(const RuntimeOptions& options);
+
 // An exponentially weighted moving average (Band's alpha = 0.1), seeded with a prediction.
 struct Ewma {
   double alpha = 0.1;
