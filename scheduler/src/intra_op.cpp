@@ -38,24 +38,26 @@
 //
 // Note [BLAS on the compute thread]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Freeing the helpers did not end it. serve's block log (2026-11-29, self_driving_slo at load
-// 0.9, one worker on both cores): a small block right after another model's step ran a median
-// 7.7x its usual time where that model was resnet101 (whose inference ends in a linear layer,
-// so the helpers were freed before it and made anew after it), and vgg19's linear blocks, in
-// 4 MiB parts of 0.4-2 ms, were 3-8x slow after a switch. perf, aligned with the log: the
-// compute thread and its OpenMP helper spent ~90 % of those blocks spinning in libgomp, each
-// waiting for the other, with OpenBLAS's thread and helpers made anew after each freeing. These
-// switches made vgg19's estimates 0.19-0.24 off per step, the last of issue 48's criteria left.
-// With OpenBLAS on one thread (the compute thread, which calls it) the slow switches were gone:
-// three rounds interleaved, vgg19's step error 0.114-0.149 against 0.194-0.242, slo_met (median)
-// 0.819 against 0.783, the XRBench score 0.632 against 0.564. A linear layer's part takes ~1.6x
-// as long on one thread (0.40-0.43 -> 0.66-0.71 ms), but direct inference of vgg19, whose fully connected
-// layers are one product each, took as long (249 against 245 ms).
-// So under a central scheduler the runtime sets OpenBLAS to one thread while it is open
-// (RuntimeOptions::blas_threads, BlasThreads: process-wide, as OpenBLAS has one setting, and put
-// back at close where nobody changed it meanwhile), unless the user chose OpenBLAS's threads in
-// the environment; the helpers are then not freed before BLAS (blas_has_own_threads() is false).
-// Under "threads" every model's thread computes at once and nothing is changed.
+// Freeing the helpers did not end it. serve's block log (2026-11-29, self_driving_slo at load 0.9,
+// one worker on both cores): a small block right after another model's step ran a median 7.7x its
+// usual time where that model was resnet101 (whose inference ends in a linear layer, so the helpers
+// were freed before it and made anew after it), and vgg19's linear blocks, in 4 MiB parts of 0.4-2
+// ms, were 3-8x slow after a switch. perf, aligned with the log: the compute thread and its OpenMP
+// helper spent ~90 % of those blocks spinning in libgomp, each waiting for the other, with
+// OpenBLAS's thread and helpers made anew after each freeing. These switches made vgg19's estimates
+// 0.19-0.24 off per step, the last of issue 48's criteria left. With OpenBLAS on one thread (the
+// compute thread, which calls it) the slow switches were gone: three rounds interleaved, vgg19's
+// step error 0.114-0.149 against 0.194-0.242, slo_met (median) 0.819 against 0.783, the XRBench
+// score 0.632 against 0.564; in the day's sweep every model of the 8 runs under the defaults within
+// 0.150 per step (bench/results/blas_threads.md). A linear layer's part of vgg19 takes ~1.6x as
+// long on one thread there (0.40-0.43 -> 0.66-0.71 ms), yet on this 2-vCPU VM a model of nothing
+// but 2048x2048 linear layers ran faster on one BLAS thread than on two (batch 32: 46 against 49
+// ms; batch 1: 28 against 32), the second competing with the OpenMP helpers. So under a central
+// scheduler the runtime sets OpenBLAS to one thread while it is open (RuntimeOptions::blas_threads,
+// BlasThreads: process-wide, as OpenBLAS has one setting, put back by the last runtime to close
+// where nobody changed it meanwhile), unless the user chose OpenBLAS's threads in the environment;
+// the helpers are then not freed before BLAS (blas_has_own_threads() is false). Under "threads"
+// every model's thread computes at once and nothing is changed.
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
