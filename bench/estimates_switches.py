@@ -7,7 +7,8 @@ median and 90th percentile of a block's compute (its time less its wait for the 
 block's median, for its small blocks (median under --small-ms) run right after the same model's
 block and right after each other model's (Note [BLAS on the compute thread] in
 scheduler/src/intra_op.cpp). A schedule of many models switches often; the blocks after a
-switch are what a block's own history cannot foresee.
+switch are what a block's own history cannot foresee. "Right after" is the line before in the
+log, which is the block before on the same core only with one worker (serve's default).
 
   bench/estimates_switches.py LOG... [--skip-s 5] [--small-ms 5]
 """
@@ -32,14 +33,14 @@ def main():
         key = lambda r: (r["model"], r["first"], r["last"], r["resident"])
         usual = collections.defaultdict(list)
         for r in rows:
-            usual[key(r)].append(r["ms"] - r["wait"])
+            usual[key(r)].append(max(0.01, r["ms"] - r["wait"]))
         usual = {k: statistics.median(v) for k, v in usual.items()}
         ratios = collections.defaultdict(list)
         for p, r in zip(rows, rows[1:]):
             if usual[key(r)] >= a.small_ms:
                 continue
             after = "same model" if p["model"] == r["model"] else p["model"]
-            ratios[(r["model"], after)].append((r["ms"] - r["wait"]) / max(usual[key(r)], 0.05))
+            ratios[(r["model"], after)].append(max(0.01, r["ms"] - r["wait"]) / max(usual[key(r)], 0.05))
         for (model, after), v in sorted(ratios.items()):
             v.sort()
             print(f"| {path.split('/')[-1]} | {model} | {after} | {len(v)} | {statistics.median(v):.2f} | "

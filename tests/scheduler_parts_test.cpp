@@ -209,19 +209,54 @@ TEST(IntraOp, ALayerCallsBlasWhenItHasALinearOrAMatrixProduct) {
   EXPECT_FALSE(calls_blas(""));
 }
 
+// OpenBLAS's threads and the variables that choose them, put back as they were at the end of a
+// test whatever it did.
+class BlasStateGuard {
+ public:
+  BlasStateGuard()
+      : get(reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))),
+        set(reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+    pthreads = parallel != nullptr && get != nullptr && set != nullptr && parallel() == 1;
+    if (pthreads) was_ = get();
+    for (int k = 0; k < 2; ++k) {
+      const char* v = std::getenv(kVars[k]);
+      had_[k] = v != nullptr;
+      env_[k] = v != nullptr ? v : "";
+      ::unsetenv(kVars[k]);
+    }
+  }
+  ~BlasStateGuard() {
+    if (pthreads) set(was_);
+    for (int k = 0; k < 2; ++k) {
+      if (had_[k]) ::setenv(kVars[k], env_[k].c_str(), 1);
+    }
+  }
+  BlasStateGuard(const BlasStateGuard&) = delete;
+  BlasStateGuard& operator=(const BlasStateGuard&) = delete;
+  int (*const get)();
+  void (*const set)(int);
+  bool pthreads = false;  // OpenBLAS's pthread build is libtorch's BLAS here
+
+ private:
+  static constexpr const char* kVars[2] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"};
+  int was_ = 0;
+  bool had_[2] = {false, false};
+  std::string env_[2];
+};
+
 // Note [BLAS on the compute thread]: OpenBLAS's own threads while BlasThreads live, put back by
 // the last of them where nobody else changed them; the user's choice in the environment stays.
+// Without OpenBLAS's pthread build nothing is held.
 TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
-  const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  const auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (parallel == nullptr || get == nullptr || set == nullptr || parallel() != 1) {
-    GTEST_SKIP() << "libtorch's BLAS here is not OpenBLAS's pthread build";
+  BlasStateGuard st;
+  if (!st.pthreads) {
+    BlasThreads b(1);
+    EXPECT_EQ(b.set(), 0) << "no OpenBLAS pthread build: nothing to hold";
+    return;
   }
-  const int was = get();
-  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-  const std::string user = env != nullptr ? env : "";
-  ::unsetenv("OPENBLAS_NUM_THREADS");
+  const auto get = st.get;
+  const auto set = st.set;
   set(2);
   {
     BlasThreads b(1);
@@ -245,6 +280,11 @@ TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
     BlasThreads b(-1);  // the user chose them
     EXPECT_EQ(get(), 2);
   }
+  ::setenv("OPENBLAS_NUM_THREADS", "", 1);  // empty: unset, as OpenBLAS takes it
+  {
+    BlasThreads b(-1);
+    EXPECT_EQ(get(), 1);
+  }
   ::unsetenv("OPENBLAS_NUM_THREADS");
   {
     BlasThreads a(1);
@@ -262,8 +302,6 @@ TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
     set(3);  // someone else's setting while it is held
   }
   EXPECT_EQ(get(), 3) << "someone else's setting stays";
-  set(was);
-  if (env != nullptr) ::setenv("OPENBLAS_NUM_THREADS", user.c_str(), 1);
 }
 
 }  // namespace

@@ -39,25 +39,29 @@
 // Note [BLAS on the compute thread]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Freeing the helpers did not end it. serve's block log (2026-11-29, self_driving_slo at load 0.9,
-// one worker on both cores): a small block right after another model's step ran a median 7.7x its
-// usual time where that model was resnet101 (whose inference ends in a linear layer, so the helpers
-// were freed before it and made anew after it), and vgg19's linear blocks, in 4 MiB parts of 0.4-2
-// ms, were 3-8x slow after a switch. perf, aligned with the log: the compute thread and its OpenMP
-// helper spent ~90 % of those blocks spinning in libgomp, each waiting for the other, with
-// OpenBLAS's thread and helpers made anew after each freeing. These switches made vgg19's estimates
-// 0.19-0.24 off per step, the last of issue 48's criteria left. With OpenBLAS on one thread (the
-// compute thread, which calls it) the slow switches were gone: three rounds interleaved, vgg19's
-// step error 0.114-0.149 against 0.194-0.242, slo_met (median) 0.819 against 0.783, the XRBench
-// score 0.632 against 0.564; in the day's sweep every model of the 8 runs under the defaults within
-// 0.150 per step (bench/results/blas_threads.md). A linear layer's part of vgg19 takes ~1.6x as
-// long on one thread there (0.40-0.43 -> 0.66-0.71 ms), yet on this 2-vCPU VM a model of nothing
-// but 2048x2048 linear layers ran faster on one BLAS thread than on two (batch 32: 46 against 49
-// ms; batch 1: 28 against 32), the second competing with the OpenMP helpers. So under a central
-// scheduler the runtime sets OpenBLAS to one thread while it is open (RuntimeOptions::blas_threads,
-// BlasThreads: process-wide, as OpenBLAS has one setting, put back by the last runtime to close
-// where nobody changed it meanwhile), unless the user chose OpenBLAS's threads in the environment;
-// the helpers are then not freed before BLAS (blas_has_own_threads() is false). Under "threads"
-// every model's thread computes at once and nothing is changed.
+// one worker on both cores): a small block right after the end of a resnet101 inference (a linear
+// layer, so the helpers were freed before it and made anew after it) ran a median 8.6x its usual
+// time, after the other models' ends 1.4-1.5x; vgg19's linear blocks (4 MiB parts of 0.4-2 ms)
+// right after a step of resnet101 a median 7.7x (p90 56x), after yolov3's 1.0x. perf, aligned with
+// the log: the compute thread and its OpenMP helper spent ~90 % of those blocks spinning in
+// libgomp, each waiting for the other, with OpenBLAS's thread and helpers made anew after each
+// freeing. These switches made vgg19's estimates 0.19-0.24 off per step, the last of issue 48's
+// criteria left. With OpenBLAS on one thread (the compute thread, which calls it) the slow switches
+// were gone: three rounds interleaved, vgg19's step error 0.114-0.149 against 0.194-0.242, slo_met
+// (median) 0.819 against 0.783, the XRBench score 0.632 against 0.564; in the day's sweep every
+// model of the 8 runs under the defaults within 0.150 per step (bench/results/blas_threads.md). A
+// linear layer's part of vgg19 takes ~1.6x as long on one thread there (0.40-0.43 -> 0.66-0.71 ms),
+// yet on this 2-vCPU VM a model of nothing but 2048x2048 linear layers ran faster on one BLAS
+// thread than on two (batch 32: 46 against 49 ms; batch 1: 29 against 32), the second competing
+// with the OpenMP helpers. So under a central scheduler the runtime sets OpenBLAS to one thread
+// while it is open (RuntimeOptions::blas_threads, BlasThreads: process-wide, as OpenBLAS has one
+// setting, put back by the last runtime to close where nobody changed it meanwhile), unless the
+// user chose OpenBLAS's threads in the environment; the helpers are then not freed before BLAS
+// (blas_has_own_threads() is false). Under "threads" every model's thread computes at once and
+// nothing is changed. Measured on this 2-vCPU VM only: on more cores one thread may cost a model
+// whose time is in products (blas_threads chooses). serve measures its load's direct latencies
+// before the runtime opens, with OpenBLAS's own threads. OpenBLAS's setting changes while other
+// threads of the host may be inside it: their calls run with the old or the new number.
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
@@ -141,6 +145,11 @@ BlasHold& blas_hold() {
 }  // namespace
 
 namespace {
+bool set_in_environment(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';  // OpenBLAS takes an empty value as unset
+}
+
 // What BlasThreads(n) holds OpenBLAS's threads at (0: it leaves them), and what they are now.
 std::pair<int, int> blas_target(int n) {
   const OpenMp& o = openmp();
@@ -148,8 +157,9 @@ std::pair<int, int> blas_target(int n) {
       o.blas_parallel() != 1) {
     return {0, 0};  // left as they are: asked to, or no OpenBLAS pthread build to set
   }
-  // < 0: one, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded).
-  if (n < 0 && (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr)) {
+  // < 0: one, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded;
+  // OMP_NUM_THREADS, which it reads too where neither is set, is taken as libtorch's setting).
+  if (n < 0 && (set_in_environment("OPENBLAS_NUM_THREADS") || set_in_environment("GOTO_NUM_THREADS"))) {
     return {0, 0};
   }
   return {n < 0 ? 1 : n, o.blas_threads()};
@@ -157,23 +167,27 @@ std::pair<int, int> blas_target(int n) {
 }  // namespace
 
 BlasThreads::BlasThreads(int n) {
-  const auto [target, now] = blas_target(n);
+  const int target = blas_target(n).first;
   if (target == 0) return;
-  n = target;
   const OpenMp& o = openmp();
   BlasHold& h = blas_hold();
   std::lock_guard<std::mutex> lk(h.mu);
   if (h.holders > 0) {
-    if (h.set != n) return;  // held at another number: not fought over
+    if (h.set != target) {  // held at another number: not fought over
+      log(LogLevel::kInfo, "runtime: OpenBLAS's threads stay at " + std::to_string(h.set) +
+                               " (another runtime holds them); this one asked for " + std::to_string(target));
+      return;
+    }
   } else {
-    if (now == n) return;
-    o.blas_set_threads(n);
+    const int now = o.blas_threads();  // under the lock: a runtime closing meanwhile put them back
+    if (now == target) return;
+    o.blas_set_threads(target);
     h.before = now;
-    h.set = n;
+    h.set = o.blas_threads();  // what OpenBLAS took (it caps the number at its build's limit)
   }
   ++h.holders;
   before_ = h.before;
-  set_ = n;
+  set_ = h.set;
 }
 
 BlasThreads::~BlasThreads() {

@@ -193,8 +193,9 @@ struct RuntimeOptions {
   // default, one (the compute thread that calls it) where the process's OpenBLAS is its pthread
   // build with threads of its own, unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS is set; 0:
   // left as they are; n: n. Process-wide (OpenBLAS has one setting): set at open, put back at
-  // close. Its threads spin beside the OpenMP pool and made the blocks after a model switch
-  // several times slower (Note [BLAS on the compute thread] in scheduler/src/intra_op.cpp).
+  // close by the last runtime open. Its threads spin beside the OpenMP pool and made the blocks
+  // after a model switch several times slower on a 2-vCPU machine (Note [BLAS on the compute
+  // thread] in scheduler/src/intra_op.cpp, which says what is not measured yet).
   int blas_threads = -1;
 };
 
