@@ -3,16 +3,13 @@
 // which layers call BLAS (Note [BLAS beside the OpenMP pool] in intra_op.cpp).
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "estimates.h"
 #include "intra_op.h"
 #include "ledger.h"
+#include "test_util.h"
 
 namespace swapnet {
 namespace runtime_detail {
@@ -209,47 +206,11 @@ TEST(IntraOp, ALayerCallsBlasWhenItHasALinearOrAMatrixProduct) {
   EXPECT_FALSE(calls_blas(""));
 }
 
-// OpenBLAS's threads and the variables that choose them, put back as they were at the end of a
-// test whatever it did.
-class BlasStateGuard {
- public:
-  BlasStateGuard()
-      : get(reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))),
-        set(reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-    pthreads = parallel != nullptr && get != nullptr && set != nullptr && parallel() == 1;
-    if (pthreads) was_ = get();
-    for (int k = 0; k < 2; ++k) {
-      const char* v = std::getenv(kVars[k]);
-      had_[k] = v != nullptr;
-      env_[k] = v != nullptr ? v : "";
-      ::unsetenv(kVars[k]);
-    }
-  }
-  ~BlasStateGuard() {
-    if (pthreads) set(was_);
-    for (int k = 0; k < 2; ++k) {
-      if (had_[k]) ::setenv(kVars[k], env_[k].c_str(), 1);
-    }
-  }
-  BlasStateGuard(const BlasStateGuard&) = delete;
-  BlasStateGuard& operator=(const BlasStateGuard&) = delete;
-  int (*const get)();
-  void (*const set)(int);
-  bool pthreads = false;  // OpenBLAS's pthread build is libtorch's BLAS here
-
- private:
-  static constexpr const char* kVars[2] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"};
-  int was_ = 0;
-  bool had_[2] = {false, false};
-  std::string env_[2];
-};
-
 // Note [BLAS on the compute thread]: OpenBLAS's own threads while BlasThreads live, put back by
 // the last of them where nobody else changed them; the user's choice in the environment stays.
 // Without OpenBLAS's pthread build nothing is held.
 TEST(IntraOp, BlasThreadsAreSetForTheirLifetimeAndPutBack) {
-  BlasStateGuard st;
+  test_util::BlasStateGuard st;
   if (!st.pthreads) {
     BlasThreads b(1);
     EXPECT_EQ(b.set(), 0) << "no OpenBLAS pthread build: nothing to hold";

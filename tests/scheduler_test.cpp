@@ -4,7 +4,6 @@
 // pausing models that cannot fit, the control socket and the budget sources.
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -985,24 +984,15 @@ TEST(Runtime, ACentralSchedulerKeepsOnePoolPerWorker) {
 // open (its threads spun beside the compute thread's pool), and puts them back at close; under
 // "threads", or told to leave them (blas_threads 0), it changes nothing.
 TEST(Runtime, ACentralSchedulerRunsOpenBlasOnOneThreadWhileOpen) {
-  const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  const auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (parallel == nullptr || get == nullptr || set == nullptr || parallel() != 1) {
+  test_util::BlasStateGuard st;
+  if (!st.pthreads) {
     RuntimeOptions ro;
     ro.scheduler = "fifo";
     EXPECT_EQ(runtime_blas_threads(ro), std::make_pair(0, 0)) << "no OpenBLAS pthread build: nothing to hold";
     return;
   }
-  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr || std::getenv("GOTO_NUM_THREADS") != nullptr) {
-    GTEST_SKIP() << "the environment chose OpenBLAS's threads (IntraOp.BlasThreads* checks that case)";
-  }
-  struct PutBack {  // OpenBLAS's threads as they were, whatever the test did
-    void (*set)(int);
-    int was;
-    ~PutBack() { set(was); }
-  } put_back{set, get()};
-  set(2);
+  const auto get = st.get;
+  st.set(2);
   Models s = small_models();
   const std::vector<RuntimeModel> sp = specs(s);
   c10::InferenceMode g;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <ftw.h>
 #include <unistd.h>
 
@@ -117,6 +118,43 @@ inline std::string error_of(const std::function<void()>& f) {
   }
   return "(no error)";
 }
+
+// OpenBLAS's threads and the variables that choose them, put back as they were at the end of a
+// test whatever it did (Note [BLAS on the compute thread] in scheduler/src/intra_op.cpp). The
+// variables are unset meanwhile.
+class BlasStateGuard {
+ public:
+  BlasStateGuard()
+      : get(reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))),
+        set(reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+    pthreads = parallel != nullptr && get != nullptr && set != nullptr && parallel() == 1;
+    if (pthreads) was_ = get();
+    for (int k = 0; k < 2; ++k) {
+      const char* v = std::getenv(kVars[k]);
+      had_[k] = v != nullptr;
+      env_[k] = v != nullptr ? v : "";
+      ::unsetenv(kVars[k]);
+    }
+  }
+  ~BlasStateGuard() {
+    if (pthreads) set(was_);
+    for (int k = 0; k < 2; ++k) {
+      if (had_[k]) ::setenv(kVars[k], env_[k].c_str(), 1);
+    }
+  }
+  BlasStateGuard(const BlasStateGuard&) = delete;
+  BlasStateGuard& operator=(const BlasStateGuard&) = delete;
+  int (*const get)();
+  void (*const set)(int);
+  bool pthreads = false;  // OpenBLAS's pthread build is libtorch's BLAS here
+
+ private:
+  static constexpr const char* kVars[2] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"};
+  int was_ = 0;
+  bool had_[2] = {false, false};
+  std::string env_[2];
+};
 
 }  // namespace test_util
 }  // namespace swapnet

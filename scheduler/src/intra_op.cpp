@@ -124,9 +124,17 @@ void set_intra_op_threads_here(int n) {
   }
 }
 
+namespace {
+// libtorch's BLAS is OpenBLAS's pthread build, whose threads can be read and set.
+bool pthread_blas(const OpenMp& o) {
+  return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_set_threads != nullptr &&
+         o.blas_parallel() == 1;
+}
+}  // namespace
+
 bool blas_has_own_threads() {
   const OpenMp& o = openmp();
-  return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_parallel() == 1 && o.blas_threads() > 1;
+  return pthread_blas(o) && o.blas_threads() > 1;
 }
 
 namespace {
@@ -150,24 +158,18 @@ bool set_in_environment(const char* name) {
   return v != nullptr && *v != '\0';  // OpenBLAS takes an empty value as unset
 }
 
-// What BlasThreads(n) holds OpenBLAS's threads at (0: it leaves them), and what they are now.
-std::pair<int, int> blas_target(int n) {
-  const OpenMp& o = openmp();
-  if (n == 0 || o.blas_set_threads == nullptr || o.blas_threads == nullptr || o.blas_parallel == nullptr ||
-      o.blas_parallel() != 1) {
-    return {0, 0};  // left as they are: asked to, or no OpenBLAS pthread build to set
-  }
+// What BlasThreads(n) holds OpenBLAS's threads at (0: it leaves them).
+int blas_target(int n) {
+  if (n == 0 || !pthread_blas(openmp())) return 0;  // left as they are: asked to, or nothing to set
   // < 0: one, unless the user chose OpenBLAS's threads (OpenBLAS reads these when it is loaded;
   // OMP_NUM_THREADS, which it reads too where neither is set, is taken as libtorch's setting).
-  if (n < 0 && (set_in_environment("OPENBLAS_NUM_THREADS") || set_in_environment("GOTO_NUM_THREADS"))) {
-    return {0, 0};
-  }
-  return {n < 0 ? 1 : n, o.blas_threads()};
+  if (n < 0 && (set_in_environment("OPENBLAS_NUM_THREADS") || set_in_environment("GOTO_NUM_THREADS"))) return 0;
+  return n < 0 ? 1 : n;
 }
 }  // namespace
 
 BlasThreads::BlasThreads(int n) {
-  const int target = blas_target(n).first;
+  const int target = blas_target(n);
   if (target == 0) return;
   const OpenMp& o = openmp();
   BlasHold& h = blas_hold();
@@ -218,7 +220,8 @@ bool calls_blas(const std::string& ops) {
 
 std::pair<int, int> runtime_blas_threads(const RuntimeOptions& options) {
   if (options.scheduler == "threads") return {0, 0};
-  const auto [target, now] = runtime_detail::blas_target(options.blas_threads);
+  const int target = runtime_detail::blas_target(options.blas_threads);
+  const int now = target == 0 ? 0 : openmp().blas_threads();
   return target == now ? std::pair<int, int>{0, 0} : std::pair<int, int>{target, now};
 }
 
