@@ -86,6 +86,7 @@ struct ServeLog {
   std::vector<std::vector<Outcome>> outcomes;  // every request's, in the order they ended
   std::vector<std::uint64_t> counted;           // arrivals after the warm-up
   std::vector<ModelStatus> at_warmup;           // the models' status when the warm-up ended (or none)
+  double driver_cpu_s = 0;  // CPU serve's own thread used while the run went on (Note [The driver sleeps])
   ServeLog(int models, size_t groups)
       : lat(models), equal(models, 1), diff(models), max_diff(models, 0), dropped(models, 0), sent(models, 0),
         unanswered(models, 0), frames(groups), outcomes(models), counted(models, 0) {}

@@ -331,6 +331,7 @@ int serve_report(Runtime& rt, const ServeSetup& setup, ServeLog& log, Clock::tim
     peak_sum += st[i].peak_model_bytes;
   }
   j["peak_model_bytes_sum"] = peak_sum;
+  j["driver_cpu_s"] = log.driver_cpu_s;  // Note [The driver sleeps] in cmd_serve.cpp
   add_slo(setup, log, &j);
   add_groups(setup, log, st, &j);
   j["adaptations"] = adaptations_json(rt);

@@ -175,6 +175,19 @@ def main() -> int:
     expect(rc == 0 and all(m["threads"] == 1 for m in j["models"])
            and "1 intra-op thread(s) per model (--threads)" in err, f"--threads 1: rc {rc}: {j.get('models')} {err!r}")
 
+    # Note [The driver sleeps]: a run that goes on past its duration for its minimum of requests
+    # does not spin serve's own thread meanwhile (it once took a core of the runtime's).
+    path = scenario("min_requests", duration_s=0.5, warmup_s=0, min_requests=5,
+                    models=[{"name": "r18", "image": "resnet18.swapnet", "period_ms": 400, "slo_ms": 400},
+                            {"name": "mv2", "image": "mobilenet_v2.swapnet", "period_ms": 400, "slo_ms": 400}])
+    rc, out, err = run(cli, "serve", path, "--json", "--socket", "none", "--no-check")
+    j = json.loads(out) if rc == 0 else {}
+    past = j.get("duration_s", 0) - 0.5
+    expect(rc == 0 and past > 1 and all(m["deadline_requests"] + m["unanswered"] >= 5 for m in j["models"]),
+           f"min_requests: rc {rc}, ran {past:.2f} s past the duration: {err!r}")
+    expect(rc == 0 and 0 <= j["driver_cpu_s"] < 0.2 * past,
+           f"serve's driver used {j.get('driver_cpu_s')} s of CPU in a run {past:.2f} s past its duration")
+
     # Note [Load and run rules]: --load scales the periods to the machine (direct latencies
     # measured first, said on stderr), a warm-up not counted; Note [Budget traces]: a sawtooth of
     # cuts, the ledger never above the budget in force.
