@@ -27,7 +27,6 @@
 // budgets, inputs and direct inference's outputs), drive (the runtime, a client per stream and
 // per model, the budget schedule) and report (serve_report.cpp).
 #include <sys/stat.h>
-#include <time.h>
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -39,6 +38,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <future>
@@ -299,27 +299,30 @@ Service open_service(const ServeSetup& setup, const Common& c, const ServeOption
   return svc;
 }
 
-// Until the scenario's duration has passed since `start` and `more` says no more (or four
-// durations have, or a signal came), the schedule's budget changes at their times; `warmed`
-// once, when `warmup_s` have passed. Returns the CPU seconds this thread used meanwhile.
-//
 // Note [The driver sleeps]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // Past the duration, a run goes on until every model has its minimum of counted arrivals (Note
-// [Load and run rules] in serve_load.cpp). This loop slept until the next event, which past the
-// duration was always already due: it spun on one of this VM's two cores, asking the clients
-// under their lock, until the run ended. Block logs of self_driving_slo at load 0.9 (2026-11-29,
-// 30 s runs, the last ~12 s past the duration) showed it: blocks ended on the kernel's 4 ms
-// ticks, 10 % of them ran over 3x their estimate against under 1 % before, and half as many
-// blocks ran per second; 11 % of all block time was lost there, and every figure serve reports
-// counted it. Past the duration it now looks again every kPoll; `driver_cpu_s` in the JSON
-// says what this thread used.
+// [Load and run rules] in serve_load.cpp; `min_requests`, 20 in self_driving_slo.json and
+// two_rates.json). follow_schedule slept until its next event, the end of the duration, which
+// past it was always due: it spun on one of this VM's two cores, asking the clients under their
+// lock, until the run ended. Block logs of self_driving_slo at load 0.9 (2026-11-29, runs of a
+// 30 s duration going on ~12 s past it) showed it: past the duration, blocks ended on the
+// kernel's 4 ms ticks, 10 % of them ran over 3x their estimate (under 1 % before the duration),
+// half as many blocks ran per second, and 11 % of all block time was lost there, counted in
+// every figure serve reports. Past the duration it now looks again every kPoll (or at the next
+// budget change, if sooner); `driver_cpu_s` in the JSON says what this thread used.
 constexpr double kPoll = 0.02;  // s
+
+// CPU seconds the calling thread has used.
 double thread_cpu_s() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
 }
+
+// Until the scenario's duration has passed since `start` and `more` says no more (or four
+// durations have, or a signal came), the schedule's budget changes at their times; `warmed`
+// once, when `warmup_s` have passed. Returns the CPU seconds this thread used meanwhile.
 double follow_schedule(Runtime* rt, double duration_s, std::vector<std::pair<double, std::uint64_t>> schedule,
                        Clock::time_point start, const std::function<bool()>& more, double warmup_s,
                        const std::function<void()>& warmed) {
@@ -334,7 +337,10 @@ double follow_schedule(Runtime* rt, double duration_s, std::vector<std::pair<dou
       warm = true;
     }
     if (now_s >= duration_s && (now_s >= 4 * duration_s || !more())) break;
-    double wake_s = warm ? duration_s : std::min(duration_s, warmup_s);
+    // The next event: the duration's end, or past it the next look at `more` (Note [The driver
+    // sleeps]); the warm-up's end; the next budget change.
+    double wake_s = now_s >= duration_s ? now_s + kPoll : duration_s;
+    if (!warm) wake_s = std::min(wake_s, warmup_s);
     if (next_change < schedule.size()) {
       if (schedule[next_change].first <= now_s) {
         rt->set_budget(schedule[next_change].second);
@@ -343,9 +349,7 @@ double follow_schedule(Runtime* rt, double duration_s, std::vector<std::pair<dou
       }
       wake_s = std::min(wake_s, schedule[next_change].first);
     }
-    // Past the duration the next event is due already: look again shortly (Note [The driver sleeps]).
-    const double wait_s = wake_s > now_s ? std::min(0.1, wake_s - now_s) : kPoll;
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.1, std::max(0.0, wake_s - now_s))));
   }
   return thread_cpu_s() - cpu0;
 }
