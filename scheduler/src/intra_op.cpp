@@ -130,14 +130,7 @@ bool pthread_blas(const OpenMp& o) {
   return o.blas_parallel != nullptr && o.blas_threads != nullptr && o.blas_set_threads != nullptr &&
          o.blas_parallel() == 1;
 }
-}  // namespace
 
-bool blas_has_own_threads() {
-  const OpenMp& o = openmp();
-  return pthread_blas(o) && o.blas_threads() > 1;
-}
-
-namespace {
 // Who holds OpenBLAS's threads (BlasThreads): the first holder sets them and remembers what they
 // were; holders asking the same join it; the last one out puts them back. Two runtimes open at
 // once: the first one closed leaves them to the second.
@@ -150,9 +143,7 @@ BlasHold& blas_hold() {
   static BlasHold h;
   return h;
 }
-}  // namespace
 
-namespace {
 bool set_in_environment(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0';  // OpenBLAS takes an empty value as unset
@@ -167,6 +158,11 @@ int blas_target(int n) {
   return n < 0 ? 1 : n;
 }
 }  // namespace
+
+bool blas_has_own_threads() {
+  const OpenMp& o = openmp();
+  return pthread_blas(o) && o.blas_threads() > 1;
+}
 
 BlasThreads::BlasThreads(int n) {
   const int target = blas_target(n);
